@@ -1,0 +1,6 @@
+//! The parts of pg_ticket that need no PostgreSQL: they are unit-tested with
+//! `cargo test -p ticket-core` and a fake clock.
+
+pub mod counter;
+pub mod epoch;
+pub mod snowflake;

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Throwaway PostgreSQL 15 clusters for the demo, the tests and the benchmark.
+#   scripts/cluster.sh start DIR PORT [postgresql.conf line ...]
+#   scripts/cluster.sh stop DIR
+# PostgreSQL refuses to run as root, so as root the cluster belongs to the
+# `postgres` OS user; as anyone else, to that user. The socket lives in DIR
+# (keep DIR short: Unix socket paths are limited to ~107 bytes).
+set -euo pipefail
+PGBIN=$(/usr/lib/postgresql/15/bin/pg_config --bindir)
+
+as_owner() {
+    if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+cmd=${1:?usage: cluster.sh start|stop DIR [PORT] [conf lines]}
+dir=${2:?cluster directory}
+case "$cmd" in
+start)
+    port=${3:?port}
+    shift 3
+    if [ -f "$dir/data/postmaster.pid" ]; then
+        as_owner "$PGBIN/pg_ctl" -D "$dir/data" -m immediate stop >/dev/null 2>&1 || true
+    fi
+    rm -rf "$dir"
+    mkdir -p "$dir"
+    [ "$(id -u)" = 0 ] && chown postgres: "$dir"
+    as_owner "$PGBIN/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log"
+    {
+        echo "port = $port"
+        echo "listen_addresses = '127.0.0.1'"
+        echo "unix_socket_directories = '$dir'"
+        echo "shared_preload_libraries = 'pg_ticket'"
+        echo "max_prepared_transactions = 10"
+        echo "max_connections = 60"
+        for line in "$@"; do echo "$line"; done
+    } | as_owner tee -a "$dir/data/postgresql.conf" >/dev/null
+    as_owner "$PGBIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
+    ;;
+stop)
+    as_owner "$PGBIN/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null
+    ;;
+*)
+    echo "unknown command $cmd" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,53 @@
+//! The server's one snowflake generator: a single `u64` in shared memory
+//! advanced by compare-and-swap (see `ticket_core::snowflake`), and the
+//! real clock it reads.
+
+use crate::errors::{OrRaise, TicketError};
+use crate::settings;
+use pgrx::prelude::*;
+use pgrx::{pg_shmem_init, PgAtomic};
+use std::sync::atomic::AtomicU64;
+use std::time::{SystemTime, UNIX_EPOCH};
+use ticket_core::snowflake::{self as layout, Clock};
+
+static LAST_ISSUED: PgAtomic<AtomicU64> = unsafe { PgAtomic::new(c"pg_ticket_snowflake") };
+
+pub fn init_shared_memory() {
+    pg_shmem_init!(LAST_ISSUED);
+}
+
+struct SystemClock;
+
+impl Clock for SystemClock {
+    #[inline]
+    fn now_unix_ms(&self) -> i64 {
+        // CLOCK_REALTIME through the vDSO: no system call.
+        match SystemTime::now().duration_since(UNIX_EPOCH) {
+            Ok(d) => d.as_millis() as i64,
+            Err(e) => -(e.duration().as_millis() as i64),
+        }
+    }
+
+    fn pause(&self, millis: u64) {
+        if millis <= 1 {
+            // The next millisecond is near: yielding beats a sleep's wake-up latency.
+            std::thread::yield_now();
+        } else {
+            std::thread::sleep(std::time::Duration::from_millis(millis));
+        }
+    }
+}
+
+pub fn next_id() -> i64 {
+    if !settings::preloaded() {
+        TicketError::NotPreloaded.raise();
+    }
+    layout::next_id(LAST_ISSUED.get(), &SystemClock, settings::epoch_unix_ms(), settings::machine_id()).or_raise()
+}
+
+/// (timestamp as Unix ms, machine id, sequence) of an ID, using this
+/// server's epoch.
+pub fn decode(id: i64) -> (i64, u16, u16) {
+    let parts = layout::decompose(id).or_raise();
+    (settings::epoch_unix_ms() + parts.millis as i64, parts.machine_id, parts.sequence)
+}

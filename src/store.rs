@@ -1,0 +1,201 @@
+//! Table access for the marks: the only code that touches
+//! `pgticket.scoped_counters` and `pgticket.blocks`.
+//!
+//! Statements run through SPI as the owner of the state tables (ordinary
+//! roles have no rights on them), with every name and operator
+//! schema-qualified, so a caller's `search_path` cannot redirect them.
+
+use pgrx::prelude::*;
+use pgrx::spi::{OwnedPreparedStatement, SpiClient};
+use pgrx::PgOid;
+use std::cell::{Cell, RefCell};
+
+use crate::allocator::Kind;
+
+struct Statements {
+    /// Lock the row and take `n` in one write; no row if the scope is new
+    /// or the mark would pass 2^63-1.
+    bump: OwnedPreparedStatement,
+    /// Create the row holding `n`; no row if another transaction created it.
+    insert: OwnedPreparedStatement,
+    read: OwnedPreparedStatement,
+    write: OwnedPreparedStatement,
+}
+
+thread_local! {
+    static STATEMENTS: RefCell<[Option<Statements>; 2]> = const { RefCell::new([None, None]) };
+    static OWNER: Cell<Option<pg_sys::Oid>> = const { Cell::new(None) };
+}
+
+fn table(kind: Kind) -> (&'static str, &'static [&'static str]) {
+    match kind {
+        Kind::Scope => ("pgticket.scoped_counters", &["queue", "domain"]),
+        Kind::Block => ("pgticket.blocks", &["name"]),
+    }
+}
+
+fn prepare(client: &SpiClient<'_>, kind: Kind) -> Statements {
+    let (table, keys) = table(kind);
+    let key_cond = keys
+        .iter()
+        .enumerate()
+        .map(|(i, col)| format!("{col} OPERATOR(pg_catalog.=) ${}", i + 1))
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let n = keys.len() + 1;
+    let mut types = vec![PgOid::from(pg_sys::TEXTOID); keys.len()];
+    types.push(PgOid::from(pg_sys::INT8OID));
+    let key_types = &types[..keys.len()];
+    let cols = keys.join(", ");
+    let params = (1..=n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ");
+    let keep = |sql: String, types: &[PgOid]| {
+        client
+            .prepare_mut(sql.as_str(), types)
+            .unwrap_or_else(|e| panic!("pg_ticket: cannot prepare {sql:?}: {e}"))
+            .keep()
+    };
+    Statements {
+        bump: keep(
+            format!(
+                "UPDATE {table} SET mark = mark OPERATOR(pg_catalog.+) ${n} \
+                 WHERE {key_cond} AND mark OPERATOR(pg_catalog.<=) \
+                 (9223372036854775807::pg_catalog.int8 OPERATOR(pg_catalog.-) ${n}) RETURNING mark"
+            ),
+            &types,
+        ),
+        insert: keep(
+            format!("INSERT INTO {table} ({cols}, mark) VALUES ({params}) ON CONFLICT DO NOTHING RETURNING mark"),
+            &types,
+        ),
+        read: keep(format!("SELECT mark FROM {table} WHERE {key_cond}"), key_types),
+        write: keep(format!("UPDATE {table} SET mark = ${n} WHERE {key_cond}"), &types),
+    }
+}
+
+/// Runs `f` with SPI connected, as the state tables' owner, with this kind's
+/// statements prepared.
+fn with_statements<R>(kind: Kind, f: impl FnOnce(&mut SpiClient<'_>, &Statements) -> R) -> R {
+    let owner = owner();
+    let _as_owner = AsUser::switch_to(owner);
+    Spi::connect_mut(|client| {
+        STATEMENTS.with(|cell| {
+            let mut all = cell.borrow_mut();
+            let slot = &mut all[kind as usize];
+            if slot.is_none() {
+                *slot = Some(prepare(client, kind));
+            }
+            f(client, slot.as_ref().unwrap())
+        })
+    })
+}
+
+fn owner() -> pg_sys::Oid {
+    if let Some(oid) = OWNER.get() {
+        return oid;
+    }
+    let oid = Spi::get_one::<pg_sys::Oid>(
+        "SELECT c.relowner FROM pg_catalog.pg_class c \
+         WHERE c.oid OPERATOR(pg_catalog.=) 'pgticket.scoped_counters'::pg_catalog.regclass",
+    )
+    .ok()
+    .flatten()
+    .unwrap_or_else(|| pgrx::error!("pg_ticket: the extension's state tables are missing; run CREATE EXTENSION pg_ticket"));
+    OWNER.set(Some(oid));
+    oid
+}
+
+/// Switches the current user for the statements, and back on drop (an
+/// ERROR's transaction abort also restores it).
+struct AsUser {
+    saved_user: pg_sys::Oid,
+    saved_context: i32,
+}
+
+impl AsUser {
+    fn switch_to(user: pg_sys::Oid) -> Self {
+        let mut saved_user = pg_sys::Oid::INVALID;
+        let mut saved_context = 0;
+        unsafe {
+            pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_context);
+            pg_sys::SetUserIdAndSecContext(
+                user,
+                saved_context
+                    | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32
+                    | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,
+            );
+        }
+        AsUser { saved_user, saved_context }
+    }
+}
+
+impl Drop for AsUser {
+    fn drop(&mut self) {
+        unsafe { pg_sys::SetUserIdAndSecContext(self.saved_user, self.saved_context) };
+    }
+}
+
+fn args<'a>(a: &'a str, b: &'a str, kind: Kind, n: Option<i64>) -> Vec<pgrx::datum::DatumWithOid<'a>> {
+    let mut v: Vec<pgrx::datum::DatumWithOid<'a>> = vec![a.into()];
+    if kind == Kind::Scope {
+        v.push(b.into());
+    }
+    if let Some(n) = n {
+        v.push(n.into());
+    }
+    v
+}
+
+fn first_mark(client: &mut SpiClient<'_>, stmt: &OwnedPreparedStatement, args: &[pgrx::datum::DatumWithOid<'_>]) -> Option<i64> {
+    let table = client.update(stmt, Some(1), args).unwrap_or_else(|e| pgrx::error!("pg_ticket: {e}"));
+    if table.is_empty() {
+        None
+    } else {
+        table.first().get_one::<i64>().unwrap_or_else(|e| pgrx::error!("pg_ticket: {e}"))
+    }
+}
+
+/// Outcome of locking a row and taking `n` from it.
+pub enum Locked {
+    /// The row is locked by this transaction and holds this new mark.
+    Took(i64),
+    /// The row exists with this mark, and taking `n` would pass 2^63-1.
+    WouldOverflow(i64),
+}
+
+/// Lock the row of `(a, b)` (creating it with mark 0 if new) and take `n`
+/// values in the same write. Waits for a transaction that holds the row.
+pub fn lock_and_take(kind: Kind, a: &str, b: &str, n: i64) -> Locked {
+    with_statements(kind, |client, st| {
+        let with_n = args(a, b, kind, Some(n));
+        // A few rounds cover "created concurrently between our UPDATE and
+        // INSERT"; under REPEATABLE READ the INSERT itself raises 40001.
+        for _ in 0..3 {
+            if let Some(mark) = first_mark(client, &st.bump, &with_n) {
+                return Locked::Took(mark);
+            }
+            if let Some(mark) = first_mark(client, &st.insert, &with_n) {
+                return Locked::Took(mark);
+            }
+            if let Some(mark) = first_mark(client, &st.read, &args(a, b, kind, None)) {
+                if mark.checked_add(n).is_none() {
+                    return Locked::WouldOverflow(mark);
+                }
+            }
+        }
+        pgrx::error!("pg_ticket: could not lock the row for {a:?}; it was changed concurrently, retry the transaction")
+    })
+}
+
+/// The committed mark as this transaction's snapshot sees it (0: never used).
+pub fn read(kind: Kind, a: &str, b: &str) -> i64 {
+    with_statements(kind, |client, st| first_mark(client, &st.read, &args(a, b, kind, None)).unwrap_or(0))
+}
+
+/// Store `mark` in the row this transaction has locked.
+pub fn write(kind: Kind, a: &str, b: &str, mark: i64) {
+    with_statements(kind, |client, st| {
+        client
+            .update(&st.write, None, &args(a, b, kind, Some(mark)))
+            .unwrap_or_else(|e| pgrx::error!("pg_ticket: {e}"));
+    })
+}
