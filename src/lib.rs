@@ -30,8 +30,7 @@ pub extern "C-unwind" fn _PG_init() {
 }
 
 #[cfg(any(test, feature = "pg_test"))]
-#[pg_schema]
-mod tests;
+mod pg_tests;
 
 #[cfg(test)]
 pub mod pg_test {

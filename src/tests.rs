@@ -1,1 +1,0 @@
-//! `#[pg_test]`: SQL behaviour of SPEC §1–§5 inside one server.

@@ -1,0 +1,7 @@
+-- Without shared_preload_libraries: counters work, snowflake_id() explains
+-- what to add (SPEC §3).
+CREATE EXTENSION pg_ticket;
+SELECT next_scoped_id('no-preload', 'x'), next_scoped_id('no-preload', 'x');
+SELECT * FROM reserve_block('no-preload', 2);
+SELECT snowflake_id();
+\echo :LAST_ERROR_SQLSTATE
