@@ -1,0 +1,151 @@
+#!/usr/bin/env bash
+# `make bench`: pg_ticket against nextval() and plain SQL, in one run, on a
+# cluster of its own (durable settings: fsync and synchronous_commit on,
+# unless a pgbench row says otherwise). Prints a Markdown report and writes
+# it to target/bench/report.md. Needs the release build installed
+# (`make bench` does that first).
+#
+# Knobs: BENCH_REPEAT (default 5 in-backend runs; pgbench runs use 3),
+# BENCH_SECONDS (default 5 per pgbench run).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+dir=/tmp/pgt-bench
+port=55461
+repeat=${BENCH_REPEAT:-5}
+seconds=${BENCH_SECONDS:-5}
+bindir=$(/usr/lib/postgresql/15/bin/pg_config --bindir)
+out="$root/target/bench"
+mkdir -p "$out"
+report="$out/report.md"
+
+"$root/scripts/cluster.sh" start "$dir" "$port" "shared_buffers = '512MB'" "max_wal_size = '4GB'"
+trap '"$root/scripts/cluster.sh" stop "$dir"' EXIT
+export PGHOST=$dir PGPORT=$port PGUSER=postgres PGDATABASE=postgres
+psql() { "$bindir/psql" -X -q -v ON_ERROR_STOP=1 "$@"; }
+
+psql <<'SQL'
+CREATE EXTENSION pg_ticket;
+CREATE SEQUENCE bench_seq;
+-- The plain-SQL ticket server pg_ticket replaces (Flickr/Leaf style).
+CREATE TABLE plain_counters (queue text, domain text, mark bigint NOT NULL, PRIMARY KEY (queue, domain));
+CREATE FUNCTION plain_next(q text, d text) RETURNS bigint LANGUAGE sql AS $$
+    INSERT INTO plain_counters VALUES (q, d, 1)
+    ON CONFLICT (queue, domain) DO UPDATE SET mark = plain_counters.mark + 1
+    RETURNING mark $$;
+CREATE TABLE plain_blocks (name text PRIMARY KEY, mark bigint NOT NULL);
+INSERT INTO plain_blocks VALUES ('bench', 0);
+CREATE FUNCTION plain_reserve(n text, size bigint) RETURNS TABLE(first_id bigint, last_id bigint) LANGUAGE sql AS $$
+    UPDATE plain_blocks SET mark = mark + size WHERE name = n RETURNING mark - size + 1, mark $$;
+-- Wall time of one statement, in ms, measured inside the backend.
+CREATE FUNCTION bench_ms(statement text) RETURNS float8 LANGUAGE plpgsql AS $$
+DECLARE t0 timestamptz := clock_timestamp();
+BEGIN
+    EXECUTE statement;
+    RETURN extract(epoch FROM clock_timestamp() - t0) * 1000;
+END $$;
+SQL
+
+median() { sort -g | awk '{a[NR]=$1} END {if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+
+# in_backend NAME STATEMENT: median ms over $repeat runs; %RUN% becomes the run number.
+declare -A ms
+in_backend() {
+    local name=$1 stmt=$2 samples=""
+    for run in $(seq 1 "$repeat"); do
+        samples+="$(psql -At -c "SELECT bench_ms(\$q\$${stmt//%RUN%/$run}\$q\$)")"$'\n'
+    done
+    ms[$name]=$(printf '%s' "$samples" | median)
+    echo "  $name: ${ms[$name]} ms (median of $repeat)" >&2
+}
+
+echo "in one backend..." >&2
+for n in 2000000; do
+    in_backend snowflake "SELECT count(snowflake_id()) FROM generate_series(1, $n)"
+    in_backend nextval "SELECT count(nextval('bench_seq')) FROM generate_series(1, $n)"
+    in_backend uuid "SELECT count(gen_random_uuid()) FROM generate_series(1, $n)"
+done
+for n in 10000 100000 1000000; do
+    in_backend "scoped_$n" "SELECT count(next_scoped_id('bulk-$n', 'run-%RUN%')) FROM generate_series(1, $n)"
+    in_backend "nextval_$n" "SELECT count(nextval('bench_seq')) FROM generate_series(1, $n)"
+done
+# The plain upsert is quadratic inside one transaction: only sizes that
+# finish within a minute.
+in_backend plain_10000 "SELECT count(plain_next('bulk-plain', 'run-%RUN%')) FROM generate_series(1, 10000)"
+
+rate() { awk -v n="$1" -v t="$2" 'BEGIN { printf "%.0f", n / (t / 1000) }'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
+
+echo "pgbench, one ID per transaction..." >&2
+scripts_dir="$out/pgbench"
+mkdir -p "$scripts_dir"
+echo "SELECT snowflake_id();" >"$scripts_dir/snowflake.sql"
+echo "SELECT nextval('bench_seq');" >"$scripts_dir/nextval.sql"
+echo "SELECT next_scoped_id('bench', 'shared');" >"$scripts_dir/scoped_same.sql"
+echo "SELECT plain_next('bench', 'shared');" >"$scripts_dir/plain_same.sql"
+echo "SELECT next_scoped_id('bench', 'client-' || :client_id);" >"$scripts_dir/scoped_distinct.sql"
+echo "SELECT plain_next('bench', 'client-' || :client_id);" >"$scripts_dir/plain_distinct.sql"
+echo "SELECT * FROM reserve_block('bench', 100);" >"$scripts_dir/block.sql"
+echo "SELECT * FROM plain_reserve('bench', 100);" >"$scripts_dir/plain_block.sql"
+
+declare -A tps
+pgbench_tps() { # script clients sync
+    PGOPTIONS="-c synchronous_commit=$3" "$bindir/pgbench" -n -M prepared -T "$seconds" -c "$2" -j "$2" \
+        -f "$scripts_dir/$1.sql" 2>/dev/null | awk '/^tps/ {printf "%.0f", $3}'
+}
+pairs=("snowflake nextval" "scoped_same plain_same" "scoped_distinct plain_distinct" "block plain_block")
+for sync in on off; do
+    for clients in 1 8; do
+        for pair in "${pairs[@]}"; do
+            read -r ours theirs <<<"$pair"
+            a="" b=""
+            for _ in 1 2 3; do # interleaved, so drift hits both sides alike
+                a+="$(pgbench_tps "$ours" "$clients" "$sync")"$'\n'
+                b+="$(pgbench_tps "$theirs" "$clients" "$sync")"$'\n'
+            done
+            tps["$ours/$clients/$sync"]=$(printf '%s' "$a" | median)
+            tps["$theirs/$clients/$sync"]=$(printf '%s' "$b" | median)
+            echo "  sync=$sync c=$clients $ours ${tps[$ours/$clients/$sync]} vs $theirs ${tps[$theirs/$clients/$sync]}" >&2
+        done
+    done
+done
+
+{
+    echo "## Run of $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo
+    echo "Command: \`make bench\` (BENCH_REPEAT=$repeat, BENCH_SECONDS=$seconds)."
+    echo "Machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(psql -At -c 'SELECT version()' | cut -d, -f1);"
+    echo "settings: $(psql -At -c "SELECT string_agg(name || '=' || setting, ', ' ORDER BY name) FROM pg_settings WHERE name IN ('fsync','synchronous_commit','shared_buffers','wal_level','max_wal_size')")."
+    echo
+    echo "### In one backend (median ms)"
+    echo
+    echo "| what | ms | rate (IDs/s) | vs nextval() |"
+    echo "|---|---|---|---|"
+    for k in snowflake nextval uuid; do
+        echo "| ${k} × 2M | ${ms[$k]} | $(rate 2000000 "${ms[$k]}") | $(ratio "${ms[nextval]}" "${ms[$k]}")× the rate |"
+    done
+    echo
+    echo "snowflake_id(): $(rate 2000000 "${ms[snowflake]}") IDs/s = $(awk -v r="$(rate 2000000 "${ms[snowflake]}")" 'BEGIN {printf "%.1f", 100 * r / 4096000}')% of the layout's cap (4 096 000/s)."
+    echo
+    echo "| IDs in one transaction | next_scoped_id ms | nextval() ms | ratio to nextval | plain upsert ms |"
+    echo "|---|---|---|---|---|"
+    for n in 10000 100000 1000000; do
+        plain="${ms[plain_$n]:-skipped (quadratic)}"
+        echo "| $n | ${ms[scoped_$n]} | ${ms[nextval_$n]} | $(ratio "${ms[scoped_$n]}" "${ms[nextval_$n]}") | $plain |"
+    done
+    echo
+    echo "Linearity: t(1M)/t(100k) = $(ratio "${ms[scoped_1000000]}" "${ms[scoped_100000]}") (bar ≤ 12); t(1M) / t(1M nextval) = $(ratio "${ms[scoped_1000000]}" "${ms[nextval_1000000]}") (bar ≤ 2)."
+    echo
+    echo "### pgbench, one ID per transaction (median tps of 3 × ${seconds}s, -M prepared)"
+    echo
+    echo "| workload | sync commit | clients | pg_ticket tps | baseline | baseline tps | ratio |"
+    echo "|---|---|---|---|---|---|---|"
+    for sync in on off; do
+        for clients in 1 8; do
+            for pair in "${pairs[@]}"; do
+                read -r ours theirs <<<"$pair"
+                a=${tps[$ours/$clients/$sync]} b=${tps[$theirs/$clients/$sync]}
+                echo "| $ours | $sync | $clients | $a | $theirs | $b | $(ratio "$a" "$b") |"
+            done
+        done
+    done
+} | tee "$report"
