@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # Throwaway PostgreSQL 15 clusters for the demo, the tests and the benchmark.
 #   scripts/cluster.sh start DIR PORT [postgresql.conf line ...]
-#   scripts/cluster.sh stop DIR
+#   scripts/cluster.sh stop DIR [fast|immediate]
+#   scripts/cluster.sh up DIR            start an existing cluster again; with
+#                                        FAKETIME_OFFSET set (e.g. -5m), under
+#                                        faketime with the clock that far off
 # PostgreSQL refuses to run as root, so as root the cluster belongs to the
 # `postgres` OS user; as anyone else, to that user. The socket lives in DIR
 # (keep DIR short: Unix socket paths are limited to ~107 bytes).
@@ -27,7 +30,7 @@ start)
     as_owner "$PGBIN/initdb" -D "$dir/data" -U postgres --auth=trust -E UTF8 --locale=C.UTF-8 >"$dir/initdb.log"
     {
         echo "port = $port"
-        echo "listen_addresses = '127.0.0.1'"
+        echo "listen_addresses = ''  # Unix socket in DIR only: no port clashes"
         echo "unix_socket_directories = '$dir'"
         echo "shared_preload_libraries = 'pg_ticket'"
         echo "max_prepared_transactions = 10"
@@ -37,7 +40,18 @@ start)
     as_owner "$PGBIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
     ;;
 stop)
-    as_owner "$PGBIN/pg_ctl" -D "$dir/data" -m fast -w stop >/dev/null
+    as_owner "$PGBIN/pg_ctl" -D "$dir/data" -m "${3:-fast}" -w stop >/dev/null
+    ;;
+up)
+    if [ -n "${FAKETIME_OFFSET:-}" ]; then
+        # libfaketime preloaded directly: the `faketime` wrapper waits for
+        # every process that inherited it, the postmaster included.
+        lib=$(dpkg -L libfaketime | grep '/libfaketime\.so\.1$' | head -1)
+        as_owner env LD_PRELOAD="$lib" FAKETIME="$FAKETIME_OFFSET" FAKETIME_DONT_FAKE_MONOTONIC=1 \
+            "$PGBIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
+    else
+        as_owner "$PGBIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
+    fi
     ;;
 *)
     echo "unknown command $cmd" >&2

@@ -91,7 +91,10 @@ fn decode_key(key: &[u8]) -> (Kind, &str, &str) {
     (kind, a, b)
 }
 
-fn check_writable() -> Result<(), TicketError> {
+/// Allocations write (or, for snowflakes, must not run on a standby that
+/// shares the primary's machine id), so read-only transactions and hot
+/// standbys refuse them, as they refuse nextval().
+pub fn check_writable() -> Result<(), TicketError> {
     unsafe {
         if pg_sys::XactReadOnly || pg_sys::RecoveryInProgress() {
             return Err(TicketError::ReadOnly { standby: pg_sys::RecoveryInProgress() });

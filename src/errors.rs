@@ -13,7 +13,7 @@ pub enum TicketError {
     Counter(#[from] CounterError),
     #[error(transparent)]
     Snowflake(#[from] SnowflakeError),
-    #[error("cannot allocate IDs in a read-only transaction")]
+    #[error("cannot allocate IDs {}", if *.standby { "on a hot standby" } else { "in a read-only transaction" })]
     ReadOnly { standby: bool },
     #[error("snowflake_id() needs pg_ticket in shared_preload_libraries")]
     NotPreloaded,
@@ -33,6 +33,7 @@ impl TicketError {
             TicketError::Snowflake(SnowflakeError::NegativeId(_) | SnowflakeError::MachineOutOfRange(_)) => {
                 ERRCODE_INVALID_PARAMETER_VALUE
             }
+            TicketError::Snowflake(SnowflakeError::MarkStore(_)) => ERRCODE_IO_ERROR,
             TicketError::Snowflake(_) | TicketError::NotPreloaded | TicketError::AllocationAfterFlush => {
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }

@@ -1,19 +1,31 @@
-//! The server's one snowflake generator: a single `u64` in shared memory
-//! advanced by compare-and-swap (see `ticket_core::snowflake`), and the
-//! real clock it reads.
+//! The server's one snowflake generator: its state in shared memory,
+//! advanced by compare-and-swap (see `ticket_core::snowflake`), the real
+//! clock it reads, and the file that carries its reserved mark across
+//! restarts.
 
 use crate::errors::{OrRaise, TicketError};
 use crate::settings;
 use pgrx::prelude::*;
-use pgrx::{pg_shmem_init, PgAtomic};
-use std::sync::atomic::AtomicU64;
+use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 use std::time::{SystemTime, UNIX_EPOCH};
-use ticket_core::snowflake::{self as layout, Clock};
+use ticket_core::snowflake::{self as layout, Clock, FileMarkStore, SharedState};
 
-static LAST_ISSUED: PgAtomic<AtomicU64> = unsafe { PgAtomic::new(c"pg_ticket_snowflake") };
+/// Relative to the data directory (every backend's working directory), so
+/// pg_basebackup copies it with the cluster. Written ahead, at most once per
+/// `RESERVE_AHEAD_MS` of issued timestamps.
+pub const MARK_FILE: &str = "pg_ticket_snowflake.mark";
+
+#[derive(Default)]
+#[repr(transparent)]
+pub struct Shared(SharedState);
+
+// Atomics only: valid in shared memory across processes.
+unsafe impl PGRXSharedMemory for Shared {}
+
+static GENERATOR: PgAtomic<Shared> = unsafe { PgAtomic::new(c"pg_ticket_snowflake") };
 
 pub fn init_shared_memory() {
-    pg_shmem_init!(LAST_ISSUED);
+    pg_shmem_init!(GENERATOR);
 }
 
 struct SystemClock;
@@ -42,7 +54,9 @@ pub fn next_id() -> i64 {
     if !settings::preloaded() {
         TicketError::NotPreloaded.raise();
     }
-    layout::next_id(LAST_ISSUED.get(), &SystemClock, settings::epoch_unix_ms(), settings::machine_id()).or_raise()
+    crate::allocator::check_writable().or_raise();
+    let store = FileMarkStore { path: MARK_FILE.into() };
+    layout::next_id(&GENERATOR.get().0, &SystemClock, &store, settings::epoch_unix_ms(), settings::machine_id()).or_raise()
 }
 
 /// (timestamp as Unix ms, machine id, sequence) of an ID, using this

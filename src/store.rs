@@ -67,7 +67,11 @@ fn prepare(client: &SpiClient<'_>, kind: Kind) -> Statements {
             format!("INSERT INTO {table} ({cols}, mark) VALUES ({params}) ON CONFLICT DO NOTHING RETURNING mark"),
             &types,
         ),
-        read: keep(format!("SELECT mark FROM {table} WHERE {key_cond}"), key_types),
+        // Read-only, so it also runs on a hot standby.
+        read: client
+            .prepare(format!("SELECT mark FROM {table} WHERE {key_cond}").as_str(), key_types)
+            .unwrap_or_else(|e| panic!("pg_ticket: cannot prepare the mark read: {e}"))
+            .keep(),
         write: keep(format!("UPDATE {table} SET mark = ${n} WHERE {key_cond}"), &types),
     }
 }
@@ -93,10 +97,19 @@ fn owner() -> pg_sys::Oid {
     if let Some(oid) = OWNER.get() {
         return oid;
     }
-    let oid = Spi::get_one::<pg_sys::Oid>(
-        "SELECT c.relowner FROM pg_catalog.pg_class c \
-         WHERE c.oid OPERATOR(pg_catalog.=) 'pgticket.scoped_counters'::pg_catalog.regclass",
-    )
+    // A read-only statement: a mutable one would need a transaction id,
+    // which a hot standby cannot assign.
+    let oid = Spi::connect(|client| {
+        client
+            .select(
+                "SELECT c.relowner FROM pg_catalog.pg_class c \
+                 WHERE c.oid OPERATOR(pg_catalog.=) 'pgticket.scoped_counters'::pg_catalog.regclass",
+                None,
+                &[],
+            )?
+            .first()
+            .get_one::<pg_sys::Oid>()
+    })
     .ok()
     .flatten()
     .unwrap_or_else(|| pgrx::error!("pg_ticket: the extension's state tables are missing; run CREATE EXTENSION pg_ticket"));
@@ -146,7 +159,11 @@ fn args<'a>(a: &'a str, b: &'a str, kind: Kind, n: Option<i64>) -> Vec<pgrx::dat
 }
 
 fn first_mark(client: &mut SpiClient<'_>, stmt: &OwnedPreparedStatement, args: &[pgrx::datum::DatumWithOid<'_>]) -> Option<i64> {
-    let table = client.update(stmt, Some(1), args).unwrap_or_else(|e| pgrx::error!("pg_ticket: {e}"));
+    mark_of(client.update(stmt, Some(1), args))
+}
+
+fn mark_of(result: pgrx::spi::SpiResult<pgrx::spi::SpiTupleTable<'_>>) -> Option<i64> {
+    let table = result.unwrap_or_else(|e| pgrx::error!("pg_ticket: {e}"));
     if table.is_empty() {
         None
     } else {
@@ -176,7 +193,7 @@ pub fn lock_and_take(kind: Kind, a: &str, b: &str, n: i64) -> Locked {
             if let Some(mark) = first_mark(client, &st.insert, &with_n) {
                 return Locked::Took(mark);
             }
-            if let Some(mark) = first_mark(client, &st.read, &args(a, b, kind, None)) {
+            if let Some(mark) = mark_of(client.select(&st.read, Some(1), &args(a, b, kind, None))) {
                 if mark.checked_add(n).is_none() {
                     return Locked::WouldOverflow(mark);
                 }
@@ -188,7 +205,7 @@ pub fn lock_and_take(kind: Kind, a: &str, b: &str, n: i64) -> Locked {
 
 /// The committed mark as this transaction's snapshot sees it (0: never used).
 pub fn read(kind: Kind, a: &str, b: &str) -> i64 {
-    with_statements(kind, |client, st| first_mark(client, &st.read, &args(a, b, kind, None)).unwrap_or(0))
+    with_statements(kind, |client, st| mark_of(client.select(&st.read, Some(1), &args(a, b, kind, None))).unwrap_or(0))
 }
 
 /// Store `mark` in the row this transaction has locked.

@@ -5,8 +5,14 @@
 //! `(ms << 12) | sequence`, so every backend can advance it with a single
 //! compare-and-swap: no lock is held across calls and IDs are strictly
 //! increasing in the order the swaps succeed.
+//!
+//! Restarts: a timestamp is reserved ahead of use in a durable mark (see
+//! `MarkStore`), at most once per `RESERVE_AHEAD_MS`. A restarted server
+//! starts above the reserved mark, so a clock set back while it was down
+//! cannot make it reissue an ID: a small gap is waited out, a large one
+//! refused.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use thiserror::Error;
 
 pub const TIMESTAMP_BITS: u32 = 41;
@@ -17,6 +23,9 @@ pub const MAX_MACHINE_ID: u16 = (1 << MACHINE_BITS) - 1;
 pub const MAX_SEQUENCE: u16 = (1 << SEQUENCE_BITS) - 1;
 /// A backwards clock step up to this size is waited out; a larger one is refused.
 pub const MAX_BACKWARD_WAIT_MS: u64 = 10;
+/// How far ahead of the IDs being issued the durable mark is written: one
+/// mark write per this many ms under continuous load.
+pub const RESERVE_AHEAD_MS: u64 = 1000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Parts {
@@ -27,8 +36,10 @@ pub struct Parts {
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SnowflakeError {
-    #[error("the system clock moved backwards by {behind_ms} ms, more than the {MAX_BACKWARD_WAIT_MS} ms pg_ticket waits out")]
-    ClockBehind { behind_ms: u64 },
+    #[error("the system clock is {behind_ms} ms behind the last snowflake timestamp issued (or reserved before a restart); pg_ticket waits out at most {allowed_ms} ms")]
+    ClockBehind { behind_ms: u64, allowed_ms: u64 },
+    #[error("cannot persist the snowflake mark: {0}")]
+    MarkStore(String),
     #[error("the system clock ({now_ms} ms since 1970) is before the configured epoch ({epoch_ms} ms since 1970)")]
     BeforeEpoch { now_ms: i64, epoch_ms: i64 },
     #[error("the 41-bit timestamp is exhausted: more than {MAX_TIMESTAMP_MS} ms have passed since the epoch")]
@@ -93,9 +104,10 @@ pub enum Step {
     Refuse { behind_ms: u64 },
 }
 
-/// The clock rule as a pure function.
+/// The clock rule as a pure function: a clock behind the last issued
+/// timestamp by up to `max_wait_ms` is waited out, by more refused.
 #[inline]
-pub fn step(last_state: u64, now_ms: u64) -> Step {
+pub fn step(last_state: u64, now_ms: u64, max_wait_ms: u64) -> Step {
     let last_ms = last_state >> SEQUENCE_BITS;
     let last_seq = last_state & u64::from(MAX_SEQUENCE);
     if now_ms > last_ms {
@@ -108,7 +120,7 @@ pub fn step(last_state: u64, now_ms: u64) -> Step {
         }
     } else {
         let behind_ms = last_ms - now_ms;
-        if behind_ms <= MAX_BACKWARD_WAIT_MS {
+        if behind_ms <= max_wait_ms {
             Step::WaitUntil(last_ms)
         } else {
             Step::Refuse { behind_ms }
@@ -125,13 +137,93 @@ pub trait Clock {
     fn pause(&self, millis: u64);
 }
 
-/// Issue the next ID from the shared `state`.
+/// Where the reserved mark survives a restart (a file in the data directory
+/// in the server; memory in tests). Values are Unix milliseconds.
+pub trait MarkStore {
+    fn load(&self) -> Result<Option<i64>, String>;
+    fn save(&self, reserved_until_unix_ms: i64) -> Result<(), String>;
+}
+
+/// The generator's shared state: in shared memory in the server.
+#[derive(Default)]
+pub struct SharedState {
+    /// Last issued `(ms << 12) | sequence`.
+    last: AtomicU64,
+    /// Every timestamp up to this one (ms since epoch) is covered by the
+    /// durable mark.
+    reserved_until: AtomicU64,
+    /// The state the durable mark put `last` at on load (u64::MAX: none);
+    /// while `last` still equals it nothing was issued since the restart.
+    floor: AtomicU64,
+    loaded: AtomicBool,
+    /// Guards loading and writing the durable mark.
+    busy: AtomicBool,
+}
+
+impl SharedState {
+    pub fn last_state(&self) -> u64 {
+        self.last.load(Ordering::Acquire)
+    }
+}
+
+struct Busy<'a>(&'a AtomicBool);
+
+impl<'a> Busy<'a> {
+    fn acquire(flag: &'a AtomicBool, clock: &impl Clock) -> Self {
+        while flag.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            clock.pause(0);
+        }
+        Busy(flag)
+    }
+}
+
+impl Drop for Busy<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+fn ensure_loaded(shared: &SharedState, clock: &impl Clock, store: &impl MarkStore, epoch_unix_ms: i64) -> Result<(), SnowflakeError> {
+    if shared.loaded.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    let _busy = Busy::acquire(&shared.busy, clock);
+    if shared.loaded.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    shared.floor.store(u64::MAX, Ordering::Relaxed);
+    if let Some(unix_ms) = store.load().map_err(SnowflakeError::MarkStore)? {
+        let millis = (unix_ms - epoch_unix_ms).clamp(0, MAX_TIMESTAMP_MS as i64) as u64;
+        let floor = state_after_millisecond(millis);
+        shared.last.fetch_max(floor, Ordering::AcqRel);
+        shared.floor.store(floor, Ordering::Relaxed);
+        shared.reserved_until.store(millis, Ordering::Relaxed);
+    }
+    shared.loaded.store(true, Ordering::Release);
+    Ok(())
+}
+
+/// Make the durable mark cover `millis` before an ID with it is issued.
+fn reserve(shared: &SharedState, clock: &impl Clock, store: &impl MarkStore, epoch_unix_ms: i64, millis: u64) -> Result<(), SnowflakeError> {
+    let _busy = Busy::acquire(&shared.busy, clock);
+    if millis <= shared.reserved_until.load(Ordering::Acquire) {
+        return Ok(());
+    }
+    let until = (millis + RESERVE_AHEAD_MS).min(MAX_TIMESTAMP_MS);
+    store.save(epoch_unix_ms + until as i64).map_err(SnowflakeError::MarkStore)?;
+    shared.reserved_until.store(until, Ordering::Release);
+    Ok(())
+}
+
+/// Issue the next ID from the shared state.
 pub fn next_id(
-    state: &AtomicU64,
+    shared: &SharedState,
     clock: &impl Clock,
+    store: &impl MarkStore,
     epoch_unix_ms: i64,
     machine_id: u16,
 ) -> Result<i64, SnowflakeError> {
+    ensure_loaded(shared, clock, store, epoch_unix_ms)?;
     loop {
         let now_unix_ms = clock.now_unix_ms();
         let since_epoch = now_unix_ms - epoch_unix_ms;
@@ -142,23 +234,69 @@ pub fn next_id(
         if now_ms > MAX_TIMESTAMP_MS {
             return Err(SnowflakeError::TimestampExhausted);
         }
-        let last = state.load(Ordering::Acquire);
-        match step(last, now_ms) {
+        let last = shared.last.load(Ordering::Acquire);
+        // Right after a restart the mark may lie up to RESERVE_AHEAD_MS
+        // ahead of the last ID really issued, so a clock that far behind
+        // it may be right: wait rather than refuse.
+        let max_wait_ms = if last == shared.floor.load(Ordering::Relaxed) {
+            RESERVE_AHEAD_MS + MAX_BACKWARD_WAIT_MS
+        } else {
+            MAX_BACKWARD_WAIT_MS
+        };
+        match step(last, now_ms, max_wait_ms) {
             Step::Issue(next) => {
-                if state
+                let millis = next >> SEQUENCE_BITS;
+                if millis > shared.reserved_until.load(Ordering::Acquire) {
+                    reserve(shared, clock, store, epoch_unix_ms, millis)?;
+                    continue;
+                }
+                if shared
+                    .last
                     .compare_exchange_weak(last, next, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok()
                 {
                     return Ok(compose(Parts {
-                        millis: next >> SEQUENCE_BITS,
+                        millis,
                         machine_id,
                         sequence: (next & u64::from(MAX_SEQUENCE)) as u16,
                     }));
                 }
             }
             Step::WaitUntil(target_ms) => clock.pause(target_ms.saturating_sub(now_ms).max(1)),
-            Step::Refuse { behind_ms } => return Err(SnowflakeError::ClockBehind { behind_ms }),
+            Step::Refuse { behind_ms } => return Err(SnowflakeError::ClockBehind { behind_ms, allowed_ms: max_wait_ms }),
         }
+    }
+}
+
+/// The durable mark as a file: written to a temporary file, flushed, and
+/// renamed over the old one, so a crash leaves the old or the new mark.
+pub struct FileMarkStore {
+    pub path: std::path::PathBuf,
+}
+
+impl MarkStore for FileMarkStore {
+    fn load(&self) -> Result<Option<i64>, String> {
+        match std::fs::read_to_string(&self.path) {
+            Ok(text) => text
+                .trim()
+                .parse::<i64>()
+                .map(Some)
+                .map_err(|e| format!("{} holds {:?}, not a timestamp: {e}", self.path.display(), text.trim())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(format!("cannot read {}: {e}", self.path.display())),
+        }
+    }
+
+    fn save(&self, reserved_until_unix_ms: i64) -> Result<(), String> {
+        use std::io::Write;
+        let tmp = self.path.with_extension("tmp");
+        let fail = |what: &str, e: std::io::Error| format!("cannot {what} {}: {e}", tmp.display());
+        let mut file = std::fs::File::create(&tmp).map_err(|e| fail("create", e))?;
+        writeln!(file, "{reserved_until_unix_ms}").map_err(|e| fail("write", e))?;
+        file.sync_all().map_err(|e| fail("flush", e))?;
+        std::fs::rename(&tmp, &self.path).map_err(|e| fail("rename", e))?;
+        let dir = self.path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| fail("flush the directory of", e))
     }
 }
 
@@ -194,8 +332,34 @@ mod tests {
         }
     }
 
-    fn gen(state: &AtomicU64, clock: &FakeClock) -> Result<i64, SnowflakeError> {
-        next_id(state, clock, EPOCH, 7)
+    /// A durable mark kept in memory, counting its writes.
+    #[derive(Default)]
+    struct MemStore {
+        mark: Cell<Option<i64>>,
+        saves: Cell<u32>,
+        fail: Cell<bool>,
+    }
+
+    impl MarkStore for MemStore {
+        fn load(&self) -> Result<Option<i64>, String> {
+            Ok(self.mark.get())
+        }
+        fn save(&self, until: i64) -> Result<(), String> {
+            if self.fail.get() {
+                return Err("disk full".into());
+            }
+            self.saves.set(self.saves.get() + 1);
+            self.mark.set(Some(until));
+            Ok(())
+        }
+    }
+
+    thread_local! {
+        static STORE: MemStore = MemStore::default();
+    }
+
+    fn gen(state: &SharedState, clock: &FakeClock) -> Result<i64, SnowflakeError> {
+        STORE.with(|store| next_id(state, clock, store, EPOCH, 7))
     }
 
     #[test]
@@ -231,7 +395,7 @@ mod tests {
 
     #[test]
     fn same_millisecond_counts_the_sequence() {
-        let state = AtomicU64::new(0);
+        let state = SharedState::default();
         let clock = FakeClock::at(1000);
         let ids: Vec<i64> = (0..5).map(|_| gen(&state, &clock).unwrap()).collect();
         for (i, id) in ids.iter().enumerate() {
@@ -242,7 +406,7 @@ mod tests {
 
     #[test]
     fn a_new_millisecond_restarts_the_sequence() {
-        let state = AtomicU64::new(0);
+        let state = SharedState::default();
         let clock = FakeClock::at(1000);
         gen(&state, &clock).unwrap();
         gen(&state, &clock).unwrap();
@@ -253,7 +417,7 @@ mod tests {
 
     #[test]
     fn the_4097th_id_in_a_millisecond_waits_for_the_next() {
-        let state = AtomicU64::new(0);
+        let state = SharedState::default();
         let clock = FakeClock::at(5000);
         let mut last = -1;
         for _ in 0..4096 {
@@ -271,7 +435,7 @@ mod tests {
 
     #[test]
     fn clock_back_up_to_10ms_is_waited_out() {
-        let state = AtomicU64::new(0);
+        let state = SharedState::default();
         let clock = FakeClock::at(10_000);
         let before = gen(&state, &clock).unwrap();
         clock.set(10_000 - 10);
@@ -283,32 +447,107 @@ mod tests {
 
     #[test]
     fn clock_back_more_than_10ms_is_refused_and_says_by_how_much() {
-        let state = AtomicU64::new(0);
+        let state = SharedState::default();
         let clock = FakeClock::at(10_000);
         gen(&state, &clock).unwrap();
-        let saved = state.load(Ordering::SeqCst);
+        let saved = state.last_state();
         clock.set(10_000 - 11);
         let err = gen(&state, &clock).unwrap_err();
-        assert_eq!(err, SnowflakeError::ClockBehind { behind_ms: 11 });
+        assert_eq!(err, SnowflakeError::ClockBehind { behind_ms: 11, allowed_ms: 10 });
         assert!(err.to_string().contains("11 ms"), "{err}");
-        assert_eq!(state.load(Ordering::SeqCst), saved, "a refusal changes nothing");
+        assert_eq!(state.last_state(), saved, "a refusal changes nothing");
         assert_eq!(clock.paused_ms.get(), 0);
         clock.set(10_001);
         assert!(gen(&state, &clock).is_ok(), "recovers once the clock is past the last ID");
     }
 
     #[test]
-    fn resuming_after_a_persisted_millisecond_never_reuses_it() {
-        let state = AtomicU64::new(state_after_millisecond(20_000));
-        let clock = FakeClock::at(20_000);
-        let id = gen(&state, &clock).unwrap();
+    fn the_durable_mark_is_written_ahead_once_per_reservation() {
+        let state = SharedState::default();
+        let clock = FakeClock::at(1_000);
+        let store = MemStore::default();
+        let mut last = 0;
+        for ms in (1_000..6_000).step_by(7) {
+            clock.set(ms);
+            let id = next_id(&state, &clock, &store, EPOCH, 7).unwrap();
+            assert!(id > last);
+            last = id;
+            let mark = store.mark.get().unwrap() - EPOCH;
+            assert!(mark >= ms, "an issued timestamp ({ms}) is always covered by the mark ({mark})");
+        }
+        assert_eq!(store.saves.get(), 5, "5 s of IDs write the mark 5 times");
+    }
+
+    /// A server restarted (fresh shared state) over the mark a previous one left.
+    fn restarted_at(since_epoch_ms: i64, mark_since_epoch_ms: i64) -> (SharedState, FakeClock, MemStore) {
+        let store = MemStore::default();
+        store.mark.set(Some(EPOCH + mark_since_epoch_ms));
+        (SharedState::default(), FakeClock::at(since_epoch_ms), store)
+    }
+
+    #[test]
+    fn after_a_restart_ids_start_above_the_mark() {
+        let (state, clock, store) = restarted_at(20_000, 20_000);
+        let id = next_id(&state, &clock, &store, EPOCH, 7).unwrap();
+        assert_eq!(decompose(id).unwrap().millis, 20_001, "never at the reserved millisecond itself");
+    }
+
+    #[test]
+    fn after_a_restart_a_clock_behind_the_mark_within_the_reservation_waits() {
+        let (state, clock, store) = restarted_at(20_000 - 600, 20_000);
+        let id = next_id(&state, &clock, &store, EPOCH, 7).unwrap();
         assert_eq!(decompose(id).unwrap().millis, 20_001);
-        assert_eq!(state_millis(state.load(Ordering::SeqCst)), 20_001);
+        assert_eq!(clock.paused_ms.get(), 601);
+    }
+
+    #[test]
+    fn after_a_restart_a_clock_far_behind_the_mark_is_refused() {
+        let (state, clock, store) = restarted_at(400_000 - 300_000, 400_000);
+        let err = next_id(&state, &clock, &store, EPOCH, 7).unwrap_err();
+        assert_eq!(err, SnowflakeError::ClockBehind { behind_ms: 300_000, allowed_ms: RESERVE_AHEAD_MS + MAX_BACKWARD_WAIT_MS });
+        assert!(err.to_string().contains("300000 ms behind"), "{err}");
+        assert_eq!(clock.paused_ms.get(), 0);
+    }
+
+    #[test]
+    fn once_an_id_is_issued_after_a_restart_the_10ms_rule_applies_again() {
+        let (state, clock, store) = restarted_at(20_100, 20_000);
+        next_id(&state, &clock, &store, EPOCH, 7).unwrap();
+        clock.set(20_100 - 50);
+        assert_eq!(
+            next_id(&state, &clock, &store, EPOCH, 7),
+            Err(SnowflakeError::ClockBehind { behind_ms: 50, allowed_ms: 10 })
+        );
+    }
+
+    #[test]
+    fn a_mark_that_cannot_be_written_issues_nothing() {
+        let state = SharedState::default();
+        let clock = FakeClock::at(1_000);
+        let store = MemStore::default();
+        store.fail.set(true);
+        assert!(matches!(next_id(&state, &clock, &store, EPOCH, 7), Err(SnowflakeError::MarkStore(_))));
+        assert_eq!(state.last_state(), 0);
+        store.fail.set(false);
+        assert!(next_id(&state, &clock, &store, EPOCH, 7).is_ok());
+    }
+
+    #[test]
+    fn the_file_mark_survives_a_reopen_and_rejects_garbage() {
+        let dir = std::env::temp_dir().join(format!("ticket-core-mark-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let store = FileMarkStore { path: dir.join("mark") };
+        assert_eq!(store.load(), Ok(None));
+        store.save(1_767_225_600_123).unwrap();
+        assert_eq!(FileMarkStore { path: dir.join("mark") }.load(), Ok(Some(1_767_225_600_123)));
+        std::fs::write(dir.join("mark"), "garbage").unwrap();
+        assert!(store.load().is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
     fn clock_before_epoch_or_past_41_bits_is_refused() {
-        let state = AtomicU64::new(0);
+        let state = SharedState::default();
         assert!(matches!(gen(&state, &FakeClock::at(-1)), Err(SnowflakeError::BeforeEpoch { .. })));
         let late = FakeClock::at(MAX_TIMESTAMP_MS as i64 + 1);
         assert_eq!(gen(&state, &late), Err(SnowflakeError::TimestampExhausted));
@@ -325,10 +564,19 @@ mod tests {
                 std::thread::yield_now();
             }
         }
-        let state = AtomicU64::new(0);
+        struct NoStore;
+        impl MarkStore for NoStore {
+            fn load(&self) -> Result<Option<i64>, String> {
+                Ok(None)
+            }
+            fn save(&self, _: i64) -> Result<(), String> {
+                Ok(())
+            }
+        }
+        let state = SharedState::default();
         let per_thread: Vec<Vec<i64>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..4)
-                .map(|_| s.spawn(|| (0..20_000).map(|_| next_id(&state, &SystemClock, EPOCH, 1).unwrap()).collect::<Vec<_>>()))
+                .map(|_| s.spawn(|| (0..20_000).map(|_| next_id(&state, &SystemClock, &NoStore, EPOCH, 1).unwrap()).collect::<Vec<_>>()))
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });

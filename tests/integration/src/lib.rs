@@ -6,8 +6,9 @@
 
 use postgres::{Client, NoTls};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
@@ -35,6 +36,15 @@ impl Cluster {
         cluster
     }
 
+    /// A cluster made elsewhere (a standby from pg_basebackup) in `dir`.
+    pub fn attach(dir: &Path, port: u16) -> Cluster {
+        Cluster { dir: dir.to_path_buf(), port }
+    }
+
+    pub fn data_dir(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
     pub fn dsn(&self) -> String {
         format!("host={} port={} user=postgres dbname=postgres", self.dir.display(), self.port)
     }
@@ -46,12 +56,89 @@ impl Cluster {
     pub fn stop(&self) {
         let _ = Command::new(repo_root().join("scripts/cluster.sh")).arg("stop").arg(&self.dir).status();
     }
+
+    /// Stop with `pg_ctl stop -m MODE` (fast, immediate).
+    pub fn stop_with(&self, mode: &str) {
+        let status = Command::new(repo_root().join("scripts/cluster.sh"))
+            .args(["stop".as_ref(), self.dir.as_os_str(), mode.as_ref()])
+            .status()
+            .unwrap();
+        assert!(status.success(), "pg_ctl stop -m {mode} failed");
+    }
+
+    /// Start this (stopped) cluster again; with an offset such as "-5m",
+    /// under faketime with the server's clock that far off.
+    pub fn up(&self, clock_offset: Option<&str>) {
+        let mut cmd = Command::new(repo_root().join("scripts/cluster.sh"));
+        cmd.arg("up").arg(&self.dir);
+        if let Some(offset) = clock_offset {
+            cmd.env("FAKETIME_OFFSET", offset);
+        }
+        assert!(cmd.status().unwrap().success(), "cluster did not start; see {}/server.log", self.dir.display());
+    }
+
+    /// Connect, retrying while the server restarts (crash recovery), up to 60 s.
+    pub fn connect_when_ready(&self) -> Client {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let attempt = Client::connect(&self.dsn(), NoTls).and_then(|mut c| c.simple_query("SELECT 1").map(|_| c));
+            match attempt {
+                Ok(c) => return c,
+                Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+                Err(e) => panic!("server at {} did not come back: {e}", self.dsn()),
+            }
+        }
+    }
+}
+
+/// A test that fails leaves no server behind to break the next run.
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if self.data_dir().join("postmaster.pid").exists() {
+            let _ = Command::new(repo_root().join("scripts/cluster.sh"))
+                .args(["stop".as_ref(), self.dir.as_os_str(), "immediate".as_ref()])
+                .stderr(std::process::Stdio::null())
+                .status();
+        }
+    }
+}
+
+/// A PostgreSQL 15 program, run as the cluster's OS user (`postgres` when
+/// we are root); panics with its output if it fails.
+pub fn pg_tool(program: &str, args: &[&str]) -> Output {
+    let bin = Path::new("/usr/lib/postgresql/15/bin").join(program);
+    let output = if unsafe { geteuid() } == 0 {
+        Command::new("runuser").args(["-u", "postgres", "--"]).arg(&bin).args(args).output()
+    } else {
+        Command::new(&bin).args(args).output()
+    }
+    .unwrap_or_else(|e| panic!("run {program}: {e}"));
+    assert!(
+        output.status.success(),
+        "{program} {args:?} failed: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    output
+}
+
+/// An empty directory the cluster's OS user can write (a server a failed
+/// run left there is stopped first).
+pub fn owned_dir(path: &Path) {
+    drop(Cluster::attach(path, 0));
+    let _ = std::fs::remove_dir_all(path);
+    std::fs::create_dir_all(path).unwrap();
+    if unsafe { geteuid() } == 0 {
+        let ok = Command::new("chown").arg("postgres:").arg(path).status().unwrap().success();
+        assert!(ok, "chown {}", path.display());
+    }
 }
 
 static SHARED: OnceLock<Cluster> = OnceLock::new();
 
 extern "C" {
     fn atexit(callback: extern "C" fn()) -> i32;
+    fn geteuid() -> u32;
 }
 
 extern "C" fn stop_shared() {

@@ -89,3 +89,26 @@ BEGIN READ ONLY;
 SELECT next_scoped_id('demo-queue', 'request');
 \echo :LAST_ERROR_SQLSTATE
 ROLLBACK;
+
+-- Many scopes in one transaction: each written once at commit.
+BEGIN;
+SELECT count(next_scoped_id('many', 'scope-' || (g % 1000))) FROM generate_series(1, 5000) g;
+COMMIT;
+SELECT count(*) AS scopes, min(mark), max(mark) FROM pgticket.marks WHERE queue = 'many';
+
+-- A deferred trigger that allocates at commit runs before the marks are
+-- written, so its values are kept.
+CREATE TABLE shipment (id int, label bigint);
+CREATE FUNCTION label_shipment() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE shipment SET label = next_scoped_id('labels', 'deferred') WHERE id = NEW.id;
+    RETURN NULL;
+END $$;
+CREATE CONSTRAINT TRIGGER label_at_commit AFTER INSERT ON shipment
+    DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION label_shipment();
+BEGIN;
+INSERT INTO shipment(id) VALUES (1), (2);
+SELECT current_scoped_id('labels', 'deferred') AS before_commit;
+COMMIT;
+SELECT * FROM shipment ORDER BY id;
+SELECT current_scoped_id('labels', 'deferred') AS after_commit, next_scoped_id('labels', 'deferred');
