@@ -58,19 +58,26 @@ in_backend() {
     echo "  $name: ${ms[$name]} ms (median of $repeat)" >&2
 }
 
+# Calls per row of a target-list generate_series (value per call): unlike
+# `FROM generate_series(...)`, it does not first materialize every row, so
+# the time is the calls' own.
+calls() { echo "SELECT count(x) FROM (SELECT $1 AS x, generate_series(1, $2)) s"; }
+
 echo "in one backend..." >&2
-for n in 2000000; do
-    in_backend snowflake "SELECT count(snowflake_id()) FROM generate_series(1, $n)"
-    in_backend nextval "SELECT count(nextval('bench_seq')) FROM generate_series(1, $n)"
-    in_backend uuid "SELECT count(gen_random_uuid()) FROM generate_series(1, $n)"
-done
+in_backend baseline "$(calls 'pg_backend_pid()' 2000000)"
+in_backend snowflake "$(calls 'snowflake_id()' 2000000)"
+in_backend nextval "$(calls "nextval('bench_seq')" 2000000)"
+in_backend uuid "$(calls 'gen_random_uuid()' 2000000)"
 for n in 10000 100000 1000000; do
-    in_backend "scoped_$n" "SELECT count(next_scoped_id('bulk-$n', 'run-%RUN%')) FROM generate_series(1, $n)"
-    in_backend "nextval_$n" "SELECT count(nextval('bench_seq')) FROM generate_series(1, $n)"
+    in_backend "scoped_$n" "$(calls "next_scoped_id('bulk-$n', 'run-%RUN%')" $n)"
+    in_backend "nextval_$n" "$(calls "nextval('bench_seq')" $n)"
 done
 # The plain upsert is quadratic inside one transaction: only sizes that
 # finish within a minute.
-in_backend plain_10000 "SELECT count(plain_next('bulk-plain', 'run-%RUN%')) FROM generate_series(1, 10000)"
+in_backend plain_10000 "$(calls "plain_next('bulk-plain', 'run-%RUN%')" 10000)"
+# How full the snowflake milliseconds are when one backend draws flat out.
+fill=$(psql -At -c "SELECT round(100.0 * count(*) / (4096 * (max(id >> 22) - min(id >> 22) + 1)), 1)
+                     FROM (SELECT snowflake_id() AS id, generate_series(1, 2000000)) s")
 
 rate() { awk -v n="$1" -v t="$2" 'BEGIN { printf "%.0f", n / (t / 1000) }'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
@@ -120,11 +127,14 @@ done
     echo
     echo "| what | ms | rate (IDs/s) | vs nextval() |"
     echo "|---|---|---|---|"
-    for k in snowflake nextval uuid; do
+    for k in baseline snowflake nextval uuid; do
         echo "| ${k} × 2M | ${ms[$k]} | $(rate 2000000 "${ms[$k]}") | $(ratio "${ms[nextval]}" "${ms[$k]}")× the rate |"
     done
     echo
-    echo "snowflake_id(): $(rate 2000000 "${ms[snowflake]}") IDs/s = $(awk -v r="$(rate 2000000 "${ms[snowflake]}")" 'BEGIN {printf "%.1f", 100 * r / 4096000}')% of the layout's cap (4 096 000/s)."
+    echo "(baseline: \`pg_backend_pid()\`, the cost of the call and the query around it.)"
+    echo
+    echo "snowflake_id(): $(rate 2000000 "${ms[snowflake]}") IDs/s = $(awk -v r="$(rate 2000000 "${ms[snowflake]}")" 'BEGIN {printf "%.1f", 100 * r / 4096000}')% of the layout's cap (4 096 000/s);"
+    echo "the milliseconds its IDs span are ${fill}% full (4 096 IDs each = 100%)."
     echo
     echo "| IDs in one transaction | next_scoped_id ms | nextval() ms | ratio to nextval | plain upsert ms |"
     echo "|---|---|---|---|---|"

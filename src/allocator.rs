@@ -94,11 +94,11 @@ fn decode_key(key: &[u8]) -> (Kind, &str, &str) {
 /// Allocations write (or, for snowflakes, must not run on a standby that
 /// shares the primary's machine id), so read-only transactions and hot
 /// standbys refuse them, as they refuse nextval().
+#[inline]
 pub fn check_writable() -> Result<(), TicketError> {
-    unsafe {
-        if pg_sys::XactReadOnly || pg_sys::RecoveryInProgress() {
-            return Err(TicketError::ReadOnly { standby: pg_sys::RecoveryInProgress() });
-        }
+    // During recovery every transaction is read-only, so one flag covers both.
+    if unsafe { pg_sys::XactReadOnly } {
+        return Err(TicketError::ReadOnly { standby: unsafe { pg_sys::RecoveryInProgress() } });
     }
     Ok(())
 }

@@ -55,7 +55,7 @@ pub fn next_id() -> i64 {
         TicketError::NotPreloaded.raise();
     }
     crate::allocator::check_writable().or_raise();
-    let store = FileMarkStore { path: MARK_FILE.into() };
+    let store = FileMarkStore { path: std::path::Path::new(MARK_FILE) };
     layout::next_id(&GENERATOR.get().0, &SystemClock, &store, settings::epoch_unix_ms(), settings::machine_id()).or_raise()
 }
 

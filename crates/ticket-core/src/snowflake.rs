@@ -270,11 +270,11 @@ pub fn next_id(
 
 /// The durable mark as a file: written to a temporary file, flushed, and
 /// renamed over the old one, so a crash leaves the old or the new mark.
-pub struct FileMarkStore {
-    pub path: std::path::PathBuf,
+pub struct FileMarkStore<'a> {
+    pub path: &'a std::path::Path,
 }
 
-impl MarkStore for FileMarkStore {
+impl MarkStore for FileMarkStore<'_> {
     fn load(&self) -> Result<Option<i64>, String> {
         match std::fs::read_to_string(&self.path) {
             Ok(text) => text
@@ -536,10 +536,11 @@ mod tests {
     fn the_file_mark_survives_a_reopen_and_rejects_garbage() {
         let dir = std::env::temp_dir().join(format!("ticket-core-mark-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let store = FileMarkStore { path: dir.join("mark") };
+        let path = dir.join("mark");
+        let store = FileMarkStore { path: &path };
         assert_eq!(store.load(), Ok(None));
         store.save(1_767_225_600_123).unwrap();
-        assert_eq!(FileMarkStore { path: dir.join("mark") }.load(), Ok(Some(1_767_225_600_123)));
+        assert_eq!(FileMarkStore { path: &path }.load(), Ok(Some(1_767_225_600_123)));
         std::fs::write(dir.join("mark"), "garbage").unwrap();
         assert!(store.load().is_err());
         std::fs::remove_dir_all(&dir).unwrap();
