@@ -103,27 +103,43 @@ pub fn check_writable() -> Result<(), TicketError> {
     Ok(())
 }
 
-/// Take `n` (≥ 0) values from the mark of `(kind, a, b)`; returns the new
-/// mark. With `n == 0` it only locks the row.
+/// What an allocation does to a mark.
+#[derive(Clone, Copy)]
+enum Change {
+    /// Take `n` (≥ 1) values.
+    Take(i64),
+    /// Move the mark to this value, never back.
+    AdvanceTo(i64),
+}
+
+impl Change {
+    fn apply(self, kind: Kind, mark: i64) -> Result<i64, TicketError> {
+        match self {
+            Change::Take(n) => Ok(counter::take(kind.what(), mark, n)?),
+            Change::AdvanceTo(to) if to < mark => {
+                Err(TicketError::MarkBackwards { what: kind.what(), current: mark, requested: to })
+            }
+            Change::AdvanceTo(to) => Ok(to),
+        }
+    }
+
+    /// What the statement that locks the row takes in the same write.
+    fn taken_by_lock(self) -> i64 {
+        match self {
+            Change::Take(n) => n,
+            Change::AdvanceTo(_) => 0,
+        }
+    }
+}
+
+/// Take `n` (≥ 1) values from the mark of `(kind, a, b)`; returns the new mark.
 pub fn take(kind: Kind, a: &str, b: &str, n: i64) -> Result<i64, TicketError> {
-    update_mark(kind, a, b, |mark| counter::take(kind.what(), mark, n).map_err(TicketError::from), n)
+    update_mark(kind, a, b, Change::Take(n))
 }
 
 /// Move the mark of `(kind, a, b)` to `to`, which must not be below it.
 pub fn advance(kind: Kind, a: &str, b: &str, to: i64) -> Result<i64, TicketError> {
-    update_mark(
-        kind,
-        a,
-        b,
-        |mark| {
-            if to < mark {
-                Err(TicketError::MarkBackwards { what: kind.what(), current: mark, requested: to })
-            } else {
-                Ok(to)
-            }
-        },
-        0,
-    )
+    update_mark(kind, a, b, Change::AdvanceTo(to))
 }
 
 /// The current mark as this transaction sees it, without locking.
@@ -137,16 +153,7 @@ pub fn current(kind: Kind, a: &str, b: &str) -> i64 {
     local.unwrap_or_else(|| store::read(kind, a, b))
 }
 
-/// `next` maps the current mark to the new one. `lock_n` is what the first
-/// lock of the row takes in the same write (the common case of `take`);
-/// `next` then applies to the mark before that.
-fn update_mark(
-    kind: Kind,
-    a: &str,
-    b: &str,
-    next: impl Fn(i64) -> Result<i64, TicketError>,
-    lock_n: i64,
-) -> Result<i64, TicketError> {
+fn update_mark(kind: Kind, a: &str, b: &str, change: Change) -> Result<i64, TicketError> {
     check_writable()?;
     let subxact = unsafe { pg_sys::GetCurrentSubTransactionId() };
     let fast = STATE.with(|s| -> Option<Result<i64, TicketError>> {
@@ -157,7 +164,7 @@ fn update_mark(
         }
         encode_key(&mut s.key_buf, kind, a, b);
         let held = s.held.get_mut(&s.key_buf[..])?;
-        Some(next(held.mark).map(|new_mark| {
+        Some(change.apply(kind, held.mark).map(|new_mark| {
             if subxact != TOP_SUBXACT && held.logged_in != subxact {
                 held.logged_in = subxact;
                 s.undo.push(Undo {
@@ -175,16 +182,16 @@ fn update_mark(
     }
 
     register_callbacks();
-    let stored = match store::lock_and_take(kind, a, b, lock_n) {
+    let taken = change.taken_by_lock();
+    let stored = match store::lock_and_take(kind, a, b, taken) {
         Locked::Took(stored) => stored,
-        Locked::WouldOverflow(mark) => {
-            return Err(counter::CounterError::Overflow { what: kind.what(), mark, n: lock_n }.into())
-        }
+        Locked::WouldOverflow(mark) => return Err(counter::CounterError::Overflow { what: kind.what(), mark, n: taken }.into()),
     };
-    // The row now holds `stored` (before-lock mark + lock_n) and is ours
-    // until the transaction (or this subtransaction) ends.
-    let before = stored - lock_n;
-    let mark = if lock_n > 0 { stored } else { next(before)? };
+    // The row is ours until the transaction (or this subtransaction) ends.
+    let mark = match change {
+        Change::Take(_) => stored,
+        Change::AdvanceTo(_) => change.apply(kind, stored)?,
+    };
     STATE.with(|s| {
         let mut s = s.borrow_mut();
         let s = &mut *s;
