@@ -225,6 +225,11 @@ pub fn next_id(
 ) -> Result<i64, SnowflakeError> {
     ensure_loaded(shared, clock, store, epoch_unix_ms)?;
     loop {
+        // Load the state before reading the clock: a backend paused between
+        // the two must not compare a stale clock with IDs others issued
+        // meanwhile (that looks like the clock going back). In this order
+        // the clock is read after every issue it can see, so it is ahead.
+        let last = shared.last.load(Ordering::Acquire);
         let now_unix_ms = clock.now_unix_ms();
         let since_epoch = now_unix_ms - epoch_unix_ms;
         if since_epoch < 0 {
@@ -234,7 +239,6 @@ pub fn next_id(
         if now_ms > MAX_TIMESTAMP_MS {
             return Err(SnowflakeError::TimestampExhausted);
         }
-        let last = shared.last.load(Ordering::Acquire);
         // Right after a restart the mark may lie up to RESERVE_AHEAD_MS
         // ahead of the last ID really issued, so a clock that far behind
         // it may be right: wait rather than refuse.
@@ -459,6 +463,34 @@ mod tests {
         assert_eq!(clock.paused_ms.get(), 0);
         clock.set(10_001);
         assert!(gen(&state, &clock).is_ok(), "recovers once the clock is past the last ID");
+    }
+
+    /// Another backend issues an ID (at a later clock reading) right after
+    /// this one read the clock, as when this one is descheduled.
+    struct PreemptedClock<'a> {
+        now: Cell<i64>,
+        shared: &'a SharedState,
+        preempted: Cell<bool>,
+    }
+
+    impl Clock for PreemptedClock<'_> {
+        fn now_unix_ms(&self) -> i64 {
+            let read = self.now.get();
+            if !self.preempted.replace(true) {
+                self.now.set(read + 34);
+                self.shared.last.store(((read + 34 - EPOCH) as u64) << SEQUENCE_BITS, Ordering::SeqCst);
+            }
+            read
+        }
+        fn pause(&self, _millis: u64) {}
+    }
+
+    #[test]
+    fn a_backend_paused_between_clock_and_state_is_not_refused() {
+        let state = SharedState::default();
+        let clock = PreemptedClock { now: Cell::new(EPOCH + 1_000), shared: &state, preempted: Cell::new(false) };
+        let id = STORE.with(|store| next_id(&state, &clock, store, EPOCH, 7)).expect("a paused backend is not a clock going back");
+        assert_eq!(decompose(id).unwrap(), Parts { millis: 1_034, machine_id: 7, sequence: 1 });
     }
 
     #[test]
