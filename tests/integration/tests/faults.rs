@@ -154,7 +154,9 @@ fn a_restart_with_the_clock_set_back_never_reissues_snowflakes() {
     assert_eq!(sqlstate(&err), "55000", "{err}");
     let message = err.as_db_error().unwrap().message().to_string();
     let behind: i64 = message.split(" ms behind").next().unwrap().rsplit(' ').next().unwrap().parse().unwrap();
-    assert!((290_000..=302_000).contains(&behind), "{message}");
+    // 5 min, less the time since the mark was reserved and the restart took
+    // (seconds on a loaded machine), plus at most the 1 s reserved ahead.
+    assert!((200_000..=301_100).contains(&behind), "{message}");
     println!("clock 5 min back: refused with {message:?}");
     assert_eq!(client.query_one("SELECT next_scoped_id('clock', 'x')", &[]).unwrap().get::<_, i64>(0), 1);
     drop(client);
