@@ -1,0 +1,36 @@
+//! The snowflake settings as a server administrator sets them.
+
+use pg_ticket_integration::{repo_root, Cluster};
+use std::process::Command;
+
+#[test]
+fn a_custom_epoch_and_machine_id_are_stamped_into_ids() {
+    let c = Cluster::start("settings", 55449, &["pg_ticket.machine_id = 513", "pg_ticket.epoch = '2025-06-01 12:00:00'"]);
+    let mut client = c.connect();
+    let row = client
+        .query_one(
+            "SELECT id >> 22,
+                    (extract(epoch FROM clock_timestamp() - '2025-06-01 12:00:00+00'::timestamptz) * 1000)::bigint,
+                    d.machine_id, abs(extract(epoch FROM d.created_at - clock_timestamp())) < 5
+               FROM (SELECT snowflake_id() AS id) s, snowflake_decode(s.id) d",
+            &[],
+        )
+        .unwrap();
+    let (millis, expected, machine, now_ish): (i64, i64, i32, bool) = (row.get(0), row.get(1), row.get(2), row.get(3));
+    assert!((expected - millis).abs() < 5_000, "ms since the configured epoch: {millis}, expected about {expected}");
+    assert_eq!(machine, 513);
+    assert!(now_ish, "decoding with the same epoch gives back the current time");
+}
+
+#[test]
+fn an_invalid_epoch_stops_the_server_with_a_message() {
+    let dir = "/tmp/pgt-bad-epoch";
+    let status = Command::new(repo_root().join("scripts/cluster.sh"))
+        .args(["start", dir, "55450", "pg_ticket.epoch = '2026-13-45'"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!status.success(), "a server with an invalid epoch must not start");
+    let log = std::fs::read_to_string(format!("{dir}/server.log")).unwrap();
+    assert!(log.contains("pg_ticket.epoch: invalid epoch \"2026-13-45\""), "{log}");
+}
