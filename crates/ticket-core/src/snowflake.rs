@@ -88,11 +88,6 @@ pub fn state_after_millisecond(millis: u64) -> u64 {
     (millis << SEQUENCE_BITS) | u64::from(MAX_SEQUENCE)
 }
 
-#[inline]
-pub fn state_millis(state: u64) -> u64 {
-    state >> SEQUENCE_BITS
-}
-
 /// What the generator does next, given its last issued state and the clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
