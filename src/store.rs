@@ -162,6 +162,11 @@ fn first_mark(client: &mut SpiClient<'_>, stmt: &OwnedPreparedStatement, args: &
     mark_of(client.update(stmt, Some(1), args))
 }
 
+/// The mark of `(a, b)` through the read-only statement (no row: None).
+fn select_mark(client: &SpiClient<'_>, st: &Statements, kind: Kind, a: &str, b: &str) -> Option<i64> {
+    mark_of(client.select(&st.read, Some(1), &args(a, b, kind, None)))
+}
+
 fn mark_of(result: pgrx::spi::SpiResult<pgrx::spi::SpiTupleTable<'_>>) -> Option<i64> {
     let table = result.unwrap_or_else(|e| pgrx::error!("pg_ticket: {e}"));
     if table.is_empty() {
@@ -193,7 +198,7 @@ pub fn lock_and_take(kind: Kind, a: &str, b: &str, n: i64) -> Locked {
             if let Some(mark) = first_mark(client, &st.insert, &with_n) {
                 return Locked::Took(mark);
             }
-            if let Some(mark) = mark_of(client.select(&st.read, Some(1), &args(a, b, kind, None))) {
+            if let Some(mark) = select_mark(client, st, kind, a, b) {
                 if mark.checked_add(n).is_none() {
                     return Locked::WouldOverflow(mark);
                 }
@@ -205,7 +210,7 @@ pub fn lock_and_take(kind: Kind, a: &str, b: &str, n: i64) -> Locked {
 
 /// The committed mark as this transaction's snapshot sees it (0: never used).
 pub fn read(kind: Kind, a: &str, b: &str) -> i64 {
-    with_statements(kind, |client, st| mark_of(client.select(&st.read, Some(1), &args(a, b, kind, None))).unwrap_or(0))
+    with_statements(kind, |client, st| select_mark(client, st, kind, a, b).unwrap_or(0))
 }
 
 /// Store `mark` in the row this transaction has locked.
