@@ -24,7 +24,7 @@ run() { # config, port, tests...
         --dbname=regression "$@"
 }
 status=0
-run preload.conf 55451 counters prepared snowflake || status=$?
+run preload.conf 55451 counters prepared snowflake hardening || status=$?
 if [ $status = 0 ]; then run plain.conf 55452 no_preload || status=$?; fi
 if [ $status != 0 ]; then
     [ -f "$work/regression.diffs" ] && cat "$work/regression.diffs"

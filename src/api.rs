@@ -1,10 +1,13 @@
 //! The SQL-facing functions: check arguments, call the core, convert.
 //! Not STRICT: a NULL argument is an error (22004), not a NULL result.
+//! Each body runs inside `postgres_errors_as_raised`, so an ERROR that
+//! PostgreSQL raises under it reaches the client as PostgreSQL raised it.
 
 use pgrx::prelude::*;
 
-use crate::allocator::{self, Kind};
-use crate::errors::{OrRaise, TicketError};
+use crate::counters::{self, Kind};
+use crate::errors::{postgres_errors_as_raised, OrRaise, TicketError};
+use crate::names::Name;
 use crate::snowflake;
 use ticket_core::counter::{check_block_size, check_name};
 
@@ -12,69 +15,82 @@ fn required<T>(what: &'static str, value: Option<T>) -> T {
     value.unwrap_or_else(|| TicketError::NullArgument(what).raise())
 }
 
-fn name_arg<'a>(what: &'static str, value: Option<&'a str>) -> &'a str {
+fn name_arg<'a>(what: &'static str, value: Option<Name<'a>>) -> Name<'a> {
     let name = required(what, value);
-    check_name(what, name).or_raise();
+    check_name(what, name.bytes()).or_raise();
     name
 }
 
-fn scope_args<'a>(queue: Option<&'a str>, domain: Option<&'a str>) -> (&'a str, &'a str) {
+fn scope_args<'a>(queue: Option<Name<'a>>, domain: Option<Name<'a>>) -> (Name<'a>, Name<'a>) {
     (name_arg("queue", queue), name_arg("domain", domain))
 }
 
+/// Blocks have one name; the second key part is empty.
+const NO_NAME: Name<'static> = Name(b"");
+
 /// The next value of the counter `(queue, domain)`, created at 1 on first use.
 #[pg_extern(volatile, parallel_unsafe)]
-fn next_scoped_id(queue: Option<&str>, domain: Option<&str>) -> i64 {
-    let (queue, domain) = scope_args(queue, domain);
-    allocator::take(Kind::Scope, queue, domain, 1).or_raise()
+fn next_scoped_id(queue: Option<Name<'_>>, domain: Option<Name<'_>>) -> i64 {
+    postgres_errors_as_raised(|| {
+        let (queue, domain) = scope_args(queue, domain);
+        counters::take(Kind::Scope, queue, domain, 1).or_raise()
+    })
 }
 
 /// Reserve `size` consecutive IDs from the block counter `name`.
 #[pg_extern(volatile, parallel_unsafe)]
 fn reserve_block(
-    name: Option<&str>,
+    name: Option<Name<'_>>,
     size: Option<i64>,
 ) -> TableIterator<'static, (name!(first_id, i64), name!(last_id, i64))> {
-    let name = name_arg("name", name);
-    let size = required("size", size);
-    check_block_size(size).or_raise();
-    let last = allocator::take(Kind::Block, name, "", size).or_raise();
-    TableIterator::once((last - size + 1, last))
+    postgres_errors_as_raised(|| {
+        let name = name_arg("name", name);
+        let size = required("size", size);
+        check_block_size(size).or_raise();
+        let last = counters::take(Kind::Block, name, NO_NAME, size).or_raise();
+        TableIterator::once((last - size + 1, last))
+    })
 }
 
 /// The mark of `(queue, domain)` as this transaction sees it: the last value
 /// handed out, 0 if never used. Takes nothing and locks nothing.
 #[pg_extern(volatile, parallel_unsafe)]
-fn current_scoped_id(queue: Option<&str>, domain: Option<&str>) -> i64 {
-    let (queue, domain) = scope_args(queue, domain);
-    allocator::current(Kind::Scope, queue, domain)
+fn current_scoped_id(queue: Option<Name<'_>>, domain: Option<Name<'_>>) -> i64 {
+    postgres_errors_as_raised(|| {
+        let (queue, domain) = scope_args(queue, domain);
+        counters::current(Kind::Scope, queue, domain)
+    })
 }
 
 /// The mark of block counter `name`: the last ID reserved, 0 if never used.
 #[pg_extern(volatile, parallel_unsafe)]
-fn current_block_mark(name: Option<&str>) -> i64 {
-    allocator::current(Kind::Block, name_arg("name", name), "")
+fn current_block_mark(name: Option<Name<'_>>) -> i64 {
+    postgres_errors_as_raised(|| counters::current(Kind::Block, name_arg("name", name), NO_NAME))
 }
 
 /// Admin: move the mark of `(queue, domain)` forward to `mark` (never back),
 /// e.g. after restoring an old backup or importing from another system.
 #[pg_extern(volatile, parallel_unsafe)]
-fn advance_scoped_id(queue: Option<&str>, domain: Option<&str>, mark: Option<i64>) -> i64 {
-    let (queue, domain) = scope_args(queue, domain);
-    allocator::advance(Kind::Scope, queue, domain, required("mark", mark)).or_raise()
+fn advance_scoped_id(queue: Option<Name<'_>>, domain: Option<Name<'_>>, mark: Option<i64>) -> i64 {
+    postgres_errors_as_raised(|| {
+        let (queue, domain) = scope_args(queue, domain);
+        counters::advance(Kind::Scope, queue, domain, required("mark", mark)).or_raise()
+    })
 }
 
 /// Admin: move the mark of block counter `name` forward to `mark`.
 #[pg_extern(volatile, parallel_unsafe)]
-fn advance_block_mark(name: Option<&str>, mark: Option<i64>) -> i64 {
-    let name = name_arg("name", name);
-    allocator::advance(Kind::Block, name, "", required("mark", mark)).or_raise()
+fn advance_block_mark(name: Option<Name<'_>>, mark: Option<i64>) -> i64 {
+    postgres_errors_as_raised(|| {
+        let name = name_arg("name", name);
+        counters::advance(Kind::Block, name, NO_NAME, required("mark", mark)).or_raise()
+    })
 }
 
 /// A 64-bit time-ordered ID from this server's shared generator.
 #[pg_extern(volatile, parallel_unsafe)]
 fn snowflake_id() -> i64 {
-    snowflake::next_id()
+    postgres_errors_as_raised(snowflake::next_id)
 }
 
 /// The parts of a snowflake ID, read with this server's epoch.

@@ -2,7 +2,9 @@
 
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
+use pgrx::pg_sys::panic::CaughtError;
 use ticket_core::counter::CounterError;
+use ticket_core::local_marks::LimitReached;
 use ticket_core::snowflake::SnowflakeError;
 
 #[derive(Debug, thiserror::Error)]
@@ -15,12 +17,14 @@ pub enum TicketError {
     Snowflake(#[from] SnowflakeError),
     #[error("cannot allocate IDs {}", if *.standby { "on a hot standby" } else { "in a read-only transaction" })]
     ReadOnly { standby: bool },
-    #[error("snowflake_id() needs pg_ticket in shared_preload_libraries")]
-    NotPreloaded,
+    #[error("{0}() needs pg_ticket in shared_preload_libraries")]
+    NotPreloaded(&'static str),
     #[error("cannot move {what} back from {current} to {requested}: marks only move forward")]
     MarkBackwards { what: &'static str, current: i64, requested: i64 },
     #[error("cannot allocate IDs after this transaction's marks were written at commit")]
     AllocationAfterFlush,
+    #[error(transparent)]
+    TooManyEntries(#[from] LimitReached),
 }
 
 impl TicketError {
@@ -33,8 +37,11 @@ impl TicketError {
             TicketError::Snowflake(SnowflakeError::NegativeId(_) | SnowflakeError::MachineOutOfRange(_)) => {
                 ERRCODE_INVALID_PARAMETER_VALUE
             }
-            TicketError::Snowflake(SnowflakeError::MarkStore(_)) => ERRCODE_IO_ERROR,
-            TicketError::Snowflake(_) | TicketError::NotPreloaded | TicketError::AllocationAfterFlush => {
+            TicketError::Snowflake(
+                SnowflakeError::MarkStore(_) | SnowflakeError::DamagedMark { .. } | SnowflakeError::MarkBusy { .. },
+            ) => ERRCODE_IO_ERROR,
+            TicketError::TooManyEntries(_) => ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            TicketError::Snowflake(_) | TicketError::NotPreloaded(_) | TicketError::AllocationAfterFlush => {
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
             TicketError::ReadOnly { .. } => ERRCODE_READ_ONLY_SQL_TRANSACTION,
@@ -43,12 +50,18 @@ impl TicketError {
 
     fn hint(&self) -> Option<&'static str> {
         match self {
-            TicketError::NotPreloaded => Some(
+            TicketError::NotPreloaded(_) => Some(
                 "Add this line to postgresql.conf and restart the server: shared_preload_libraries = 'pg_ticket'",
             ),
             TicketError::ReadOnly { standby: true } => Some("This server is a hot standby; allocate on the primary."),
             TicketError::Snowflake(SnowflakeError::ClockBehind { .. }) => {
                 Some("Fix the system clock (NTP); pg_ticket never reuses a timestamp it has issued.")
+            }
+            TicketError::Snowflake(SnowflakeError::DamagedMark { .. }) => Some(
+                "Stop the server, and replace the file with a Unix time in milliseconds past every snowflake this server issued, followed by a newline.",
+            ),
+            TicketError::TooManyEntries(_) => {
+                Some("Split the transaction, or raise pg_ticket.max_transaction_entries for this session.")
             }
             _ => None,
         }
@@ -77,5 +90,36 @@ impl<T, E: Into<TicketError>> OrRaise<T> for Result<T, E> {
             Ok(v) => v,
             Err(e) => e.into().raise(),
         }
+    }
+}
+
+/// Runs `f`, re-raising an ERROR that PostgreSQL raised inside it (a failed
+/// SPI statement: lock timeout, serialization failure, cancel) as itself:
+/// its SQLSTATE, message, detail and hint. Without this, pgrx re-raises it
+/// with a Rust backtrace appended to the DETAIL whenever the server runs
+/// with RUST_BACKTRACE set. Rust errors and panics pass through unchanged.
+/// Free when nothing is raised (no allocation, unlike PgTryBuilder), so it
+/// wraps the hot paths too.
+#[inline]
+pub fn postgres_errors_as_raised<R>(f: impl FnOnce() -> R) -> R {
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)) {
+        Ok(result) => result,
+        Err(payload) => match payload.downcast::<CaughtError>() {
+            Ok(caught) => match *caught {
+                CaughtError::PostgresError(report) => {
+                    let mut plain = ErrorReport::new(report.sql_error_code(), report.message().to_owned(), "pg_ticket");
+                    if let Some(detail) = report.detail() {
+                        plain = plain.set_detail(detail);
+                    }
+                    if let Some(hint) = report.hint() {
+                        plain = plain.set_hint(hint);
+                    }
+                    plain.report(report.level());
+                    unreachable!("an ERROR does not return")
+                }
+                other => other.rethrow(),
+            },
+            Err(payload) => std::panic::resume_unwind(payload),
+        },
     }
 }

@@ -2,23 +2,24 @@
 //!
 //! Module map:
 //! - `api`: the SQL-facing functions (thin: validate, call, convert).
-//! - `allocator`: the allocation core shared by scoped counters and blocks:
-//!   backend-local marks for the current transaction, savepoint undo, and the
-//!   transaction callbacks that write marks back at commit.
-//! - `store`: table access for the marks (SPI statements, run as the owner).
+//! - `counters/`: scoped counters and blocks: the transaction's held marks,
+//!   savepoint undo, commit-time write-back, and the only table access.
 //! - `snowflake`: the shared-memory generator and the real clock; the layout
 //!   and clock rules live in the PostgreSQL-free `ticket-core` crate.
-//! - `settings`: every `pg_ticket.*` server setting, and `_PG_init` ordering.
+//! - `names`: `text` arguments as the database's bytes (any encoding).
+//! - `xact`: what an allocation asks of the transaction (writable, durable).
+//! - `settings`: every `pg_ticket.*` setting, and `_PG_init` ordering.
 //! - `errors`: every error pg_ticket raises, with its SQLSTATE.
 
 use pgrx::prelude::*;
 
-mod allocator;
 mod api;
+mod counters;
 mod errors;
+mod names;
 mod settings;
 mod snowflake;
-mod store;
+mod xact;
 
 ::pgrx::pg_module_magic!(name, version);
 

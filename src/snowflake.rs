@@ -1,7 +1,12 @@
 //! The server's one snowflake generator: its state in shared memory,
-//! advanced by compare-and-swap (see `ticket_core::snowflake`), the real
-//! clock it reads, and the file that carries its reserved mark across
-//! restarts.
+//! advanced by compare-and-swap (see `ticket_core::snowflake`, whose module
+//! comment has the locking rule), the real clock it reads, and the file that
+//! carries its reserved mark across restarts.
+//!
+//! Shared memory: one `SharedState` of atomics, no LWLock. Every wait (a
+//! full millisecond, a clock step back of up to 10 ms, another backend's
+//! mark write) goes through `SystemClock::pause`, which sleeps or yields and
+//! checks for interrupts, so cancel, statement_timeout and terminate work.
 
 use crate::errors::{OrRaise, TicketError};
 use crate::settings;
@@ -41,6 +46,7 @@ impl Clock for SystemClock {
     }
 
     fn pause(&self, millis: u64) {
+        pgrx::check_for_interrupts!();
         if millis <= 1 {
             // The next millisecond is near: yielding beats a sleep's wake-up latency.
             std::thread::yield_now();
@@ -52,16 +58,20 @@ impl Clock for SystemClock {
 
 pub fn next_id() -> i64 {
     if !settings::preloaded() {
-        TicketError::NotPreloaded.raise();
+        TicketError::NotPreloaded("snowflake_id").raise();
     }
-    crate::allocator::check_writable().or_raise();
+    crate::xact::check_writable().or_raise();
     let store = FileMarkStore { path: std::path::Path::new(MARK_FILE) };
     layout::next_id(&GENERATOR.get().0, &SystemClock, &store, settings::epoch_unix_ms(), settings::machine_id()).or_raise()
 }
 
 /// (timestamp as Unix ms, machine id, sequence) of an ID, using this
-/// server's epoch.
+/// server's epoch. Without preloading the epoch setting does not exist, so
+/// decoding with the default could silently be wrong: refused instead.
 pub fn decode(id: i64) -> (i64, u16, u16) {
+    if !settings::preloaded() {
+        TicketError::NotPreloaded("snowflake_decode").raise();
+    }
     let parts = layout::decompose(id).or_raise();
     (settings::epoch_unix_ms() + parts.millis as i64, parts.machine_id, parts.sequence)
 }

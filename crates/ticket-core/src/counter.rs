@@ -30,7 +30,8 @@ pub enum CounterError {
     NegativeMark(i64),
 }
 
-pub fn check_name(what: &'static str, name: &str) -> Result<(), CounterError> {
+/// `name` is the database's bytes (any server encoding).
+pub fn check_name(what: &'static str, name: &[u8]) -> Result<(), CounterError> {
     if name.is_empty() {
         return Err(CounterError::EmptyName { what });
     }
@@ -78,11 +79,11 @@ mod tests {
 
     #[test]
     fn names_must_be_non_empty_and_short() {
-        assert!(check_name("queue", "q").is_ok());
-        assert!(check_name("queue", &"x".repeat(255)).is_ok());
-        assert_eq!(check_name("queue", ""), Err(CounterError::EmptyName { what: "queue" }));
+        assert!(check_name("queue", b"q").is_ok());
+        assert!(check_name("queue", "x".repeat(255).as_bytes()).is_ok());
+        assert_eq!(check_name("queue", b""), Err(CounterError::EmptyName { what: "queue" }));
         assert_eq!(
-            check_name("domain", &"é".repeat(128)),
+            check_name("domain", "é".repeat(128).as_bytes()),
             Err(CounterError::NameTooLong { what: "domain", len: 256 })
         );
     }

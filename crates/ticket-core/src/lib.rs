@@ -3,4 +3,5 @@
 
 pub mod counter;
 pub mod epoch;
+pub mod local_marks;
 pub mod snowflake;

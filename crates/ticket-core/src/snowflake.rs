@@ -7,10 +7,20 @@
 //! increasing in the order the swaps succeed.
 //!
 //! Restarts: a timestamp is reserved ahead of use in a durable mark (see
-//! `MarkStore`), at most once per `RESERVE_AHEAD_MS`. A restarted server
-//! starts above the reserved mark, so a clock set back while it was down
-//! cannot make it reissue an ID: a small gap is waited out, a large one
-//! refused.
+//! `MarkStore`), `RESERVE_AHEAD_MS` ahead. A restarted server starts above
+//! the reserved mark, so a clock set back while it was down cannot make it
+//! reissue an ID: a small gap is waited out, a large one refused.
+//!
+//! Locking rule: `last` and `reserved_until` are atomics, advanced by CAS or
+//! `fetch_max`; nothing is held while issuing. `busy` is a try-lock held by
+//! the one backend that loads or writes the durable mark (a file write and
+//! two fsyncs). Once half the reservation is used, the backend that notices
+//! *tries* `busy` and renews the mark while everyone keeps issuing from what
+//! is left, so in steady state nobody waits. Only a caller that finds the
+//! reservation used up (the writer stalled for half a reservation) waits for
+//! `busy`, pausing through `Clock::pause` (which in the server sleeps and
+//! honours cancel, statement_timeout and terminate) and giving up with
+//! `MarkBusy` after `MARK_WAIT_LIMIT_MS`.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use thiserror::Error;
@@ -23,9 +33,15 @@ pub const MAX_MACHINE_ID: u16 = (1 << MACHINE_BITS) - 1;
 pub const MAX_SEQUENCE: u16 = (1 << SEQUENCE_BITS) - 1;
 /// A backwards clock step up to this size is waited out; a larger one is refused.
 pub const MAX_BACKWARD_WAIT_MS: u64 = 10;
-/// How far ahead of the IDs being issued the durable mark is written: one
-/// mark write per this many ms under continuous load.
+/// How far ahead of the IDs being issued the durable mark is written.
 pub const RESERVE_AHEAD_MS: u64 = 1000;
+/// Once an ID is issued within this many ms of the reserved mark, the mark is
+/// renewed early by one backend that finds the lock free: about one write
+/// per `RESERVE_AHEAD_MS - RENEW_WITHIN_MS` under continuous load.
+pub const RENEW_WITHIN_MS: u64 = RESERVE_AHEAD_MS / 2;
+/// How long a caller waits for another backend's mark write (or load)
+/// before it gives up with `MarkBusy`.
+pub const MARK_WAIT_LIMIT_MS: u64 = 10_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Parts {
@@ -38,8 +54,12 @@ pub struct Parts {
 pub enum SnowflakeError {
     #[error("the system clock is {behind_ms} ms behind the last snowflake timestamp issued (or reserved before a restart); pg_ticket waits out at most {allowed_ms} ms")]
     ClockBehind { behind_ms: u64, allowed_ms: u64 },
-    #[error("cannot persist the snowflake mark: {0}")]
+    #[error("cannot read or write the snowflake mark: {0}")]
     MarkStore(String),
+    #[error("the snowflake mark {location} is damaged: {why}")]
+    DamagedMark { location: String, why: String },
+    #[error("waited {waited_ms} ms for another backend to write the snowflake mark; the storage under the data directory may be stalled")]
+    MarkBusy { waited_ms: u64 },
     #[error("the system clock ({now_ms} ms since 1970) is before the configured epoch ({epoch_ms} ms since 1970)")]
     BeforeEpoch { now_ms: i64, epoch_ms: i64 },
     #[error("the 41-bit timestamp is exhausted: more than {MAX_TIMESTAMP_MS} ms have passed since the epoch")]
@@ -128,15 +148,21 @@ pub fn step(last_state: u64, now_ms: u64, max_wait_ms: u64) -> Step {
 pub trait Clock {
     /// Milliseconds since 1970-01-01 UTC.
     fn now_unix_ms(&self) -> i64;
-    /// Let about `millis` ms pass (the caller reads the clock again after).
+    /// Let about `millis` ms pass (0: just yield; the caller reads the clock
+    /// again after). The server's also checks for interrupts here, so every
+    /// wait of the generator can be cancelled.
     fn pause(&self, millis: u64);
 }
 
 /// Where the reserved mark survives a restart (a file in the data directory
 /// in the server; memory in tests). Values are Unix milliseconds.
 pub trait MarkStore {
-    fn load(&self) -> Result<Option<i64>, String>;
+    /// The mark, None if none was ever written; an unreadable one is
+    /// `MarkStore`, a damaged one `DamagedMark`.
+    fn load(&self) -> Result<Option<i64>, SnowflakeError>;
     fn save(&self, reserved_until_unix_ms: i64) -> Result<(), String>;
+    /// Where the mark lives, for messages.
+    fn location(&self) -> String;
 }
 
 /// The generator's shared state: in shared memory in the server.
@@ -164,11 +190,30 @@ impl SharedState {
 struct Busy<'a>(&'a AtomicBool);
 
 impl<'a> Busy<'a> {
-    fn acquire(flag: &'a AtomicBool, clock: &impl Clock) -> Self {
-        while flag.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
-            clock.pause(0);
+    fn try_acquire(flag: &'a AtomicBool) -> Option<Self> {
+        flag.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).ok().map(|_| Busy(flag))
+    }
+
+    /// Wait for the flag: a few yields, then 1 ms pauses, up to
+    /// `MARK_WAIT_LIMIT_MS` of them.
+    fn acquire(flag: &'a AtomicBool, clock: &impl Clock) -> Result<Self, SnowflakeError> {
+        const YIELDS: u32 = 16;
+        let mut yields = 0;
+        let mut waited_ms = 0;
+        loop {
+            if let Some(busy) = Busy::try_acquire(flag) {
+                return Ok(busy);
+            }
+            if yields < YIELDS {
+                yields += 1;
+                clock.pause(0);
+            } else if waited_ms < MARK_WAIT_LIMIT_MS {
+                waited_ms += 1;
+                clock.pause(1);
+            } else {
+                return Err(SnowflakeError::MarkBusy { waited_ms });
+            }
         }
-        Busy(flag)
     }
 }
 
@@ -178,17 +223,32 @@ impl Drop for Busy<'_> {
     }
 }
 
+/// The mark as ms since the epoch; one that cannot be a mark this server
+/// wrote (unrepresentable or past the 41 bits) is damaged, not clamped: a
+/// mark clamped to the top would refuse every call forever.
+fn mark_millis(store: &impl MarkStore, unix_ms: i64, epoch_unix_ms: i64) -> Result<u64, SnowflakeError> {
+    let damaged = |why: String| SnowflakeError::DamagedMark { location: store.location(), why };
+    let since_epoch = unix_ms
+        .checked_sub(epoch_unix_ms)
+        .ok_or_else(|| damaged(format!("{unix_ms} is not a time in milliseconds since 1970")))?;
+    if since_epoch > MAX_TIMESTAMP_MS as i64 {
+        return Err(damaged(format!("{unix_ms} is past the last millisecond the 41 bits can hold")));
+    }
+    // A mark before the epoch (the epoch was moved later) holds nothing back.
+    Ok(since_epoch.max(0) as u64)
+}
+
 fn ensure_loaded(shared: &SharedState, clock: &impl Clock, store: &impl MarkStore, epoch_unix_ms: i64) -> Result<(), SnowflakeError> {
     if shared.loaded.load(Ordering::Acquire) {
         return Ok(());
     }
-    let _busy = Busy::acquire(&shared.busy, clock);
+    let _busy = Busy::acquire(&shared.busy, clock)?;
     if shared.loaded.load(Ordering::Acquire) {
         return Ok(());
     }
     shared.floor.store(u64::MAX, Ordering::Relaxed);
-    if let Some(unix_ms) = store.load().map_err(SnowflakeError::MarkStore)? {
-        let millis = (unix_ms - epoch_unix_ms).clamp(0, MAX_TIMESTAMP_MS as i64) as u64;
+    if let Some(unix_ms) = store.load()? {
+        let millis = mark_millis(store, unix_ms, epoch_unix_ms)?;
         let floor = state_after_millisecond(millis);
         shared.last.fetch_max(floor, Ordering::AcqRel);
         shared.floor.store(floor, Ordering::Relaxed);
@@ -198,16 +258,33 @@ fn ensure_loaded(shared: &SharedState, clock: &impl Clock, store: &impl MarkStor
     Ok(())
 }
 
-/// Make the durable mark cover `millis` before an ID with it is issued.
+/// Write the durable mark `RESERVE_AHEAD_MS` past `millis`; the caller holds `busy`.
+fn write_mark(shared: &SharedState, store: &impl MarkStore, epoch_unix_ms: i64, millis: u64) -> Result<(), SnowflakeError> {
+    let until = (millis + RESERVE_AHEAD_MS).min(MAX_TIMESTAMP_MS);
+    store.save(epoch_unix_ms + until as i64).map_err(SnowflakeError::MarkStore)?;
+    shared.reserved_until.fetch_max(until, Ordering::AcqRel);
+    Ok(())
+}
+
+/// Make the durable mark cover `millis` before an ID with it is issued,
+/// waiting for a write another backend has under way.
 fn reserve(shared: &SharedState, clock: &impl Clock, store: &impl MarkStore, epoch_unix_ms: i64, millis: u64) -> Result<(), SnowflakeError> {
-    let _busy = Busy::acquire(&shared.busy, clock);
+    let _busy = Busy::acquire(&shared.busy, clock)?;
     if millis <= shared.reserved_until.load(Ordering::Acquire) {
         return Ok(());
     }
-    let until = (millis + RESERVE_AHEAD_MS).min(MAX_TIMESTAMP_MS);
-    store.save(epoch_unix_ms + until as i64).map_err(SnowflakeError::MarkStore)?;
-    shared.reserved_until.store(until, Ordering::Release);
-    Ok(())
+    write_mark(shared, store, epoch_unix_ms, millis)
+}
+
+/// Renew the mark ahead of need if no other backend is writing it. A failed
+/// write is not this call's error: what is left of the reservation still
+/// covers its ID, and the caller that runs out reports the failure.
+fn renew_early(shared: &SharedState, store: &impl MarkStore, epoch_unix_ms: i64, millis: u64) {
+    if let Some(_busy) = Busy::try_acquire(&shared.busy) {
+        if millis + RENEW_WITHIN_MS > shared.reserved_until.load(Ordering::Acquire) {
+            let _ = write_mark(shared, store, epoch_unix_ms, millis);
+        }
+    }
 }
 
 /// Issue the next ID from the shared state.
@@ -245,7 +322,8 @@ pub fn next_id(
         match step(last, now_ms, max_wait_ms) {
             Step::Issue(next) => {
                 let millis = next >> SEQUENCE_BITS;
-                if millis > shared.reserved_until.load(Ordering::Acquire) {
+                let reserved_until = shared.reserved_until.load(Ordering::Acquire);
+                if millis > reserved_until {
                     reserve(shared, clock, store, epoch_unix_ms, millis)?;
                     continue;
                 }
@@ -254,6 +332,9 @@ pub fn next_id(
                     .compare_exchange_weak(last, next, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok()
                 {
+                    if millis + RENEW_WITHIN_MS > reserved_until {
+                        renew_early(shared, store, epoch_unix_ms, millis);
+                    }
                     return Ok(compose(Parts {
                         millis,
                         machine_id,
@@ -274,16 +355,23 @@ pub struct FileMarkStore<'a> {
 }
 
 impl MarkStore for FileMarkStore<'_> {
-    fn load(&self) -> Result<Option<i64>, String> {
-        match std::fs::read_to_string(&self.path) {
+    fn load(&self) -> Result<Option<i64>, SnowflakeError> {
+        match std::fs::read_to_string(self.path) {
+            // save() writes the number and a newline; anything else (a
+            // truncated write, an edit) is not a mark to trust.
             Ok(text) => text
-                .trim()
-                .parse::<i64>()
+                .strip_suffix('\n')
+                .ok_or_else(|| "it does not end in a newline (a truncated write?)".to_string())
+                .and_then(|t| t.parse::<i64>().map_err(|e| format!("it is not a number: {e}")))
                 .map(Some)
-                .map_err(|e| format!("{} holds {:?}, not a timestamp: {e}", self.path.display(), text.trim())),
+                .map_err(|why| SnowflakeError::DamagedMark { location: self.location(), why: format!("it holds {text:?}: {why}") }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(format!("cannot read {}: {e}", self.path.display())),
+            Err(e) => Err(SnowflakeError::MarkStore(format!("cannot read {}: {e}", self.path.display()))),
         }
+    }
+
+    fn location(&self) -> String {
+        format!("file {:?} in the data directory", self.path.display().to_string())
     }
 
     fn save(&self, reserved_until_unix_ms: i64) -> Result<(), String> {
@@ -340,8 +428,11 @@ mod tests {
     }
 
     impl MarkStore for MemStore {
-        fn load(&self) -> Result<Option<i64>, String> {
+        fn load(&self) -> Result<Option<i64>, SnowflakeError> {
             Ok(self.mark.get())
+        }
+        fn location(&self) -> String {
+            "in memory".into()
         }
         fn save(&self, until: i64) -> Result<(), String> {
             if self.fail.get() {
@@ -489,7 +580,7 @@ mod tests {
     }
 
     #[test]
-    fn the_durable_mark_is_written_ahead_once_per_reservation() {
+    fn the_durable_mark_is_renewed_at_half_the_reservation() {
         let state = SharedState::default();
         let clock = FakeClock::at(1_000);
         let store = MemStore::default();
@@ -500,9 +591,58 @@ mod tests {
             assert!(id > last);
             last = id;
             let mark = store.mark.get().unwrap() - EPOCH;
-            assert!(mark >= ms, "an issued timestamp ({ms}) is always covered by the mark ({mark})");
+            assert!(mark > ms + RENEW_WITHIN_MS as i64 - 7, "the mark ({mark}) stays about half a reservation ahead of {ms}");
         }
-        assert_eq!(store.saves.get(), 5, "5 s of IDs write the mark 5 times");
+        // One write at the start, then one per ~500 ms of IDs.
+        assert_eq!(store.saves.get(), 10, "5 s of IDs write the mark 10 times");
+        assert_eq!(clock.paused_ms.get(), 0, "nobody waited");
+    }
+
+    #[test]
+    fn while_another_backend_writes_the_mark_callers_keep_issuing_from_the_reservation() {
+        let state = SharedState::default();
+        let clock = FakeClock::at(1_000);
+        let store = MemStore::default();
+        next_id(&state, &clock, &store, EPOCH, 7).unwrap(); // reserves up to 2 000
+        state.busy.store(true, Ordering::Release); // a writer is in its fsync
+        for ms in [1_600, 1_800, 2_000] {
+            clock.set(ms);
+            let id = next_id(&state, &clock, &store, EPOCH, 7).unwrap();
+            assert_eq!(decompose(id).unwrap().millis, ms as u64);
+        }
+        assert_eq!(store.saves.get(), 1, "the early renewal only tries the lock");
+        assert_eq!(clock.paused_ms.get(), 0, "nobody waited for the writer");
+    }
+
+    #[test]
+    fn a_caller_past_the_reservation_waits_for_a_stalled_writer_only_so_long() {
+        let state = SharedState::default();
+        let clock = FakeClock::at(1_000);
+        let store = MemStore::default();
+        next_id(&state, &clock, &store, EPOCH, 7).unwrap();
+        let before = state.last_state();
+        state.busy.store(true, Ordering::Release); // a writer stalled on storage
+        clock.set(2_001);
+        let err = next_id(&state, &clock, &store, EPOCH, 7).unwrap_err();
+        assert_eq!(err, SnowflakeError::MarkBusy { waited_ms: MARK_WAIT_LIMIT_MS });
+        assert_eq!(clock.paused_ms.get(), MARK_WAIT_LIMIT_MS, "waited in pauses (each one checks for interrupts)");
+        assert_eq!(state.last_state(), before, "nothing issued past the mark");
+        state.busy.store(false, Ordering::Release);
+        assert!(next_id(&state, &clock, &store, EPOCH, 7).is_ok(), "the writer done, issuing resumes");
+    }
+
+    #[test]
+    fn a_mark_that_is_not_a_possible_timestamp_is_damaged_not_clamped() {
+        for (mark, what) in [(i64::MIN, "not a time"), (EPOCH + MAX_TIMESTAMP_MS as i64 + 1, "past the last millisecond")] {
+            let store = MemStore::default();
+            store.mark.set(Some(mark));
+            let err = next_id(&SharedState::default(), &FakeClock::at(1_000), &store, EPOCH, 7).unwrap_err();
+            assert!(matches!(&err, SnowflakeError::DamagedMark { why, .. } if why.contains(what)), "{err}");
+        }
+        // A mark from before a later-moved epoch holds nothing back.
+        let store = MemStore::default();
+        store.mark.set(Some(EPOCH - 5_000));
+        assert!(next_id(&SharedState::default(), &FakeClock::at(1_000), &store, EPOCH, 7).is_ok());
     }
 
     /// A server restarted (fresh shared state) over the mark a previous one left.
@@ -568,8 +708,14 @@ mod tests {
         assert_eq!(store.load(), Ok(None));
         store.save(1_767_225_600_123).unwrap();
         assert_eq!(FileMarkStore { path: &path }.load(), Ok(Some(1_767_225_600_123)));
-        std::fs::write(dir.join("mark"), "garbage").unwrap();
-        assert!(store.load().is_err());
+        for damaged in ["garbage\n", "1767225600123", "17672256\n0\n", ""] {
+            std::fs::write(&path, damaged).unwrap();
+            let err = store.load().unwrap_err();
+            assert!(
+                matches!(&err, SnowflakeError::DamagedMark { location, .. } if location.contains("mark")),
+                "{damaged:?}: {err}"
+            );
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -594,8 +740,11 @@ mod tests {
         }
         struct NoStore;
         impl MarkStore for NoStore {
-            fn load(&self) -> Result<Option<i64>, String> {
+            fn load(&self) -> Result<Option<i64>, SnowflakeError> {
                 Ok(None)
+            }
+            fn location(&self) -> String {
+                "nowhere".into()
             }
             fn save(&self, _: i64) -> Result<(), String> {
                 Ok(())

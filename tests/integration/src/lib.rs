@@ -46,11 +46,21 @@ impl Cluster {
     }
 
     pub fn dsn(&self) -> String {
-        format!("host={} port={} user=postgres dbname=postgres", self.dir.display(), self.port)
+        self.dsn_as("postgres", "postgres")
+    }
+
+    pub fn dsn_as(&self, user: &str, dbname: &str) -> String {
+        format!("host={} port={} user={user} dbname={dbname}", self.dir.display(), self.port)
     }
 
     pub fn connect(&self) -> Client {
-        Client::connect(&self.dsn(), NoTls).unwrap_or_else(|e| panic!("connect to {}: {e}", self.dsn()))
+        self.connect_as("postgres", "postgres")
+    }
+
+    /// A connection as `user` to database `dbname` (trust authentication).
+    pub fn connect_as(&self, user: &str, dbname: &str) -> Client {
+        let dsn = self.dsn_as(user, dbname);
+        Client::connect(&dsn, NoTls).unwrap_or_else(|e| panic!("connect to {dsn}: {e}"))
     }
 
     pub fn stop(&self) {

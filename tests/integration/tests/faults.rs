@@ -196,7 +196,7 @@ fn dump_and_restore_continue_every_mark() {
     for name in ["src", "restored", "restored_pre", "restored_sql"] {
         admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
     }
-    let db = |name: &str| postgres::Client::connect(&format!("{} dbname={name}", c.dsn().replace("dbname=postgres", "")), postgres::NoTls).unwrap();
+    let db = |name: &str| c.connect_as("postgres", name);
     let mut src = db("src");
     src.batch_execute(
         "CREATE EXTENSION pg_ticket;

@@ -5,3 +5,8 @@ SELECT next_scoped_id('no-preload', 'x'), next_scoped_id('no-preload', 'x');
 SELECT * FROM reserve_block('no-preload', 2);
 SELECT snowflake_id();
 \echo :LAST_ERROR_SQLSTATE
+-- Decoding needs this server's epoch, which exists only when preloaded.
+SELECT * FROM snowflake_decode(1);
+\echo :LAST_ERROR_SQLSTATE
+-- The session settings exist without preloading.
+SHOW pg_ticket.durable_commit;

@@ -3,14 +3,19 @@
 //!
 //! Statements run through SPI as the owner of the state tables (ordinary
 //! roles have no rights on them), with every name and operator
-//! schema-qualified, so a caller's `search_path` cannot redirect them.
+//! schema-qualified, so a caller's `search_path` cannot redirect them. The
+//! prepared plans are kept per backend; PostgreSQL's plan cache re-plans
+//! them when the tables change (DROP and CREATE EXTENSION included).
 
+use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, SpiClient};
 use pgrx::PgOid;
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 
-use crate::allocator::Kind;
+use super::allocator::Kind;
+use super::tables;
+use crate::names::Name;
 
 struct Statements {
     /// Lock the row and take `n` in one write; no row if the scope is new
@@ -24,7 +29,6 @@ struct Statements {
 
 thread_local! {
     static STATEMENTS: RefCell<[Option<Statements>; 2]> = const { RefCell::new([None, None]) };
-    static OWNER: Cell<Option<pg_sys::Oid>> = const { Cell::new(None) };
 }
 
 fn table(kind: Kind) -> (&'static str, &'static [&'static str]) {
@@ -79,8 +83,7 @@ fn prepare(client: &SpiClient<'_>, kind: Kind) -> Statements {
 /// Runs `f` with SPI connected, as the state tables' owner, with this kind's
 /// statements prepared.
 fn with_statements<R>(kind: Kind, f: impl FnOnce(&mut SpiClient<'_>, &Statements) -> R) -> R {
-    let owner = owner();
-    let _as_owner = AsUser::switch_to(owner);
+    let _as_owner = AsUser::switch_to(tables::current().owner);
     Spi::connect_mut(|client| {
         STATEMENTS.with(|cell| {
             let mut all = cell.borrow_mut();
@@ -91,30 +94,6 @@ fn with_statements<R>(kind: Kind, f: impl FnOnce(&mut SpiClient<'_>, &Statements
             f(client, slot.as_ref().unwrap())
         })
     })
-}
-
-fn owner() -> pg_sys::Oid {
-    if let Some(oid) = OWNER.get() {
-        return oid;
-    }
-    // A read-only statement: a mutable one would need a transaction id,
-    // which a hot standby cannot assign.
-    let oid = Spi::connect(|client| {
-        client
-            .select(
-                "SELECT c.relowner FROM pg_catalog.pg_class c \
-                 WHERE c.oid OPERATOR(pg_catalog.=) 'pgticket.scoped_counters'::pg_catalog.regclass",
-                None,
-                &[],
-            )?
-            .first()
-            .get_one::<pg_sys::Oid>()
-    })
-    .ok()
-    .flatten()
-    .unwrap_or_else(|| pgrx::error!("pg_ticket: the extension's state tables are missing; run CREATE EXTENSION pg_ticket"));
-    OWNER.set(Some(oid));
-    oid
 }
 
 /// Switches the current user for the statements, and back on drop (an
@@ -147,10 +126,10 @@ impl Drop for AsUser {
     }
 }
 
-fn args<'a>(a: &'a str, b: &'a str, kind: Kind, n: Option<i64>) -> Vec<pgrx::datum::DatumWithOid<'a>> {
-    let mut v: Vec<pgrx::datum::DatumWithOid<'a>> = vec![a.into()];
+fn args<'a>(a: Name<'a>, b: Name<'a>, kind: Kind, n: Option<i64>) -> Vec<DatumWithOid<'a>> {
+    let mut v = vec![a.to_datum()];
     if kind == Kind::Scope {
-        v.push(b.into());
+        v.push(b.to_datum());
     }
     if let Some(n) = n {
         v.push(n.into());
@@ -158,12 +137,12 @@ fn args<'a>(a: &'a str, b: &'a str, kind: Kind, n: Option<i64>) -> Vec<pgrx::dat
     v
 }
 
-fn first_mark(client: &mut SpiClient<'_>, stmt: &OwnedPreparedStatement, args: &[pgrx::datum::DatumWithOid<'_>]) -> Option<i64> {
+fn first_mark(client: &mut SpiClient<'_>, stmt: &OwnedPreparedStatement, args: &[DatumWithOid<'_>]) -> Option<i64> {
     mark_of(client.update(stmt, Some(1), args))
 }
 
 /// The mark of `(a, b)` through the read-only statement (no row: None).
-fn select_mark(client: &SpiClient<'_>, st: &Statements, kind: Kind, a: &str, b: &str) -> Option<i64> {
+fn select_mark(client: &SpiClient<'_>, st: &Statements, kind: Kind, a: Name<'_>, b: Name<'_>) -> Option<i64> {
     mark_of(client.select(&st.read, Some(1), &args(a, b, kind, None)))
 }
 
@@ -186,7 +165,7 @@ pub enum Locked {
 
 /// Lock the row of `(a, b)` (creating it with mark 0 if new) and take `n`
 /// values in the same write. Waits for a transaction that holds the row.
-pub fn lock_and_take(kind: Kind, a: &str, b: &str, n: i64) -> Locked {
+pub fn lock_and_take(kind: Kind, a: Name<'_>, b: Name<'_>, n: i64) -> Locked {
     with_statements(kind, |client, st| {
         let with_n = args(a, b, kind, Some(n));
         // A few rounds cover "created concurrently between our UPDATE and
@@ -204,20 +183,37 @@ pub fn lock_and_take(kind: Kind, a: &str, b: &str, n: i64) -> Locked {
                 }
             }
         }
-        pgrx::error!("pg_ticket: could not lock the row for {a:?}; it was changed concurrently, retry the transaction")
+        pgrx::error!(
+            "pg_ticket: could not lock the row for {:?}; it was changed concurrently, retry the transaction",
+            a.display()
+        )
     })
 }
 
 /// The committed mark as this transaction's snapshot sees it (0: never used).
-pub fn read(kind: Kind, a: &str, b: &str) -> i64 {
+pub fn read(kind: Kind, a: Name<'_>, b: Name<'_>) -> i64 {
     with_statements(kind, |client, st| select_mark(client, st, kind, a, b).unwrap_or(0))
 }
 
-/// Store `mark` in the row this transaction has locked.
-pub fn write(kind: Kind, a: &str, b: &str, mark: i64) {
-    with_statements(kind, |client, st| {
+/// Store `mark` in the row this transaction has locked. A row that is not
+/// there (someone deleted it behind the functions' back) is an error: the
+/// values taken from it would otherwise be handed out again.
+pub fn write(kind: Kind, a: Name<'_>, b: Name<'_>, mark: i64) {
+    let updated = with_statements(kind, |client, st| {
         client
             .update(&st.write, None, &args(a, b, kind, Some(mark)))
-            .unwrap_or_else(|e| pgrx::error!("pg_ticket: {e}"));
-    })
+            .unwrap_or_else(|e| pgrx::error!("pg_ticket: {e}"))
+            .len()
+    });
+    if updated != 1 {
+        pgrx::ereport!(
+            ERROR,
+            PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
+            format!(
+                "pg_ticket: the row of {} {:?} was not found at commit; its mark {mark} could not be stored",
+                kind.what(),
+                a.display()
+            )
+        );
+    }
 }

@@ -1,0 +1,375 @@
+//! The marks one transaction holds, with savepoint undo, free of PostgreSQL.
+//!
+//! A transaction that took values from a scope holds that scope's row
+//! locked until it ends; later allocations are served from here without
+//! SQL. Subtransactions (SAVEPOINT, a PL/pgSQL EXCEPTION block) record, on
+//! their first change to a scope, the mark to restore if they abort; a scope
+//! first locked inside one records "forget" instead.
+//!
+//! Bounds: the undo log holds at most one entry per (scope, open
+//! subtransaction), because a committing subtransaction's entries are merged
+//! into its parent — dropped where the parent already has an older entry
+//! for the scope — instead of relabelled one by one and kept. So memory is
+//! bounded by the pairs that are open now, and every entry is touched a
+//! bounded number of times: both a loop of a million exception blocks and
+//! N nested savepoints stay linear. `limit` caps the total, because Rust
+//! allocations are outside PostgreSQL's memory accounting and a failed one
+//! would abort the backend.
+//!
+//! Keys are opaque bytes to this module (the caller encodes kind, table and
+//! names in the database's own encoding).
+
+use std::collections::HashMap;
+use thiserror::Error;
+
+/// PostgreSQL's TopSubTransactionId: the transaction's top level.
+pub const TOP_LEVEL: u32 = 1;
+
+/// The state is given back to the allocator after a transaction that grew it
+/// beyond this many entries; a small one is kept to avoid reallocating.
+const KEEP_CAPACITY: usize = 256;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+#[error("this transaction tracks {limit} scopes and savepoint entries, the limit set by pg_ticket.max_transaction_entries")]
+pub struct LimitReached {
+    pub limit: usize,
+}
+
+#[derive(Debug)]
+struct Held {
+    /// The mark as the row stores it now.
+    stored: i64,
+    /// The mark including values taken since, not yet written.
+    mark: i64,
+    /// Subtransactions with an undo entry for this scope, innermost last.
+    levels: Vec<u32>,
+}
+
+#[derive(Debug)]
+enum Action {
+    Restore(i64),
+    Forget,
+}
+
+#[derive(Debug)]
+struct Undo {
+    subxact: u32,
+    key: Box<[u8]>,
+    action: Action,
+}
+
+#[derive(Debug)]
+pub struct LocalMarks {
+    held: HashMap<Box<[u8]>, Held>,
+    /// Grouped by open subtransaction in nesting order: the innermost one's
+    /// entries are at the end.
+    undo: Vec<Undo>,
+    limit: usize,
+    /// Undo entries visited by `commit_sub`: the work the tests bound.
+    #[cfg(test)]
+    visited: usize,
+}
+
+impl Default for LocalMarks {
+    fn default() -> Self {
+        LocalMarks::new(usize::MAX)
+    }
+}
+
+impl LocalMarks {
+    pub fn new(limit: usize) -> Self {
+        LocalMarks {
+            held: HashMap::new(),
+            undo: Vec::new(),
+            limit,
+            #[cfg(test)]
+            visited: 0,
+        }
+    }
+
+    pub fn set_limit(&mut self, limit: usize) {
+        self.limit = limit;
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.held.is_empty()
+    }
+
+    /// Scopes held plus undo entries: what `limit` counts.
+    pub fn entries(&self) -> usize {
+        self.held.len() + self.undo.len()
+    }
+
+    /// The mark of a scope this transaction holds, if it holds it.
+    pub fn mark(&self, key: &[u8]) -> Option<i64> {
+        self.held.get(key).map(|h| h.mark)
+    }
+
+    fn check_room(&self, more: usize) -> Result<(), LimitReached> {
+        if self.entries() + more > self.limit {
+            return Err(LimitReached { limit: self.limit });
+        }
+        Ok(())
+    }
+
+    /// Move the mark of a held scope to `new_mark` in `subxact`, recording
+    /// the value to restore if that subtransaction aborts. The caller has
+    /// checked that the scope is held.
+    pub fn set(&mut self, key: &[u8], subxact: u32, new_mark: i64) -> Result<(), LimitReached> {
+        let needs_undo = {
+            let held = self.held.get(key).expect("set() on a scope this transaction holds");
+            subxact != TOP_LEVEL && held.levels.last() != Some(&subxact)
+        };
+        if needs_undo {
+            self.check_room(1)?;
+        }
+        let held = self.held.get_mut(key).expect("checked above");
+        if needs_undo {
+            held.levels.push(subxact);
+            self.undo.push(Undo { subxact, key: key.into(), action: Action::Restore(held.mark) });
+        }
+        held.mark = new_mark;
+        Ok(())
+    }
+
+    /// Start holding a scope whose row was just locked in `subxact` and now
+    /// stores `stored`; `mark` may already be past it.
+    pub fn hold(&mut self, key: &[u8], subxact: u32, stored: i64, mark: i64) -> Result<(), LimitReached> {
+        let nested = subxact != TOP_LEVEL;
+        self.check_room(1 + usize::from(nested))?;
+        let mut levels = Vec::new();
+        if nested {
+            levels.push(subxact);
+            self.undo.push(Undo { subxact, key: key.into(), action: Action::Forget });
+        }
+        self.held.insert(key.into(), Held { stored, mark, levels });
+        Ok(())
+    }
+
+    /// Room for one more scope (checked before its row is locked, so that a
+    /// refusal leaves nothing locked that this state does not know of).
+    pub fn room_for_new_scope(&self, subxact: u32) -> Result<(), LimitReached> {
+        self.check_room(1 + usize::from(subxact != TOP_LEVEL))
+    }
+
+    /// `my` committed into `parent`: its entries now belong to the parent,
+    /// except where the parent already holds an older value for the scope.
+    pub fn commit_sub(&mut self, my: u32, parent: u32) {
+        if self.undo.last().is_none_or(|u| u.subxact != my) {
+            return;
+        }
+        let start = self.undo.iter().rposition(|u| u.subxact != my).map_or(0, |i| i + 1);
+        let tail = self.undo.split_off(start);
+        #[cfg(test)]
+        {
+            self.visited += tail.len() + 1;
+        }
+        for mut entry in tail {
+            let held = self.held.get_mut(&entry.key).expect("an undo entry's scope is held");
+            held.levels.pop();
+            if parent == TOP_LEVEL || held.levels.last() == Some(&parent) {
+                continue;
+            }
+            held.levels.push(parent);
+            entry.subxact = parent;
+            self.undo.push(entry);
+        }
+    }
+
+    /// `my` aborted: restore what it changed, forget what it locked.
+    pub fn abort_sub(&mut self, my: u32) {
+        while self.undo.last().is_some_and(|u| u.subxact == my) {
+            let entry = self.undo.pop().expect("checked");
+            match entry.action {
+                Action::Restore(mark) => {
+                    let held = self.held.get_mut(&entry.key).expect("an undo entry's scope is held");
+                    held.levels.pop();
+                    held.mark = mark;
+                }
+                Action::Forget => {
+                    self.held.remove(&entry.key);
+                }
+            }
+        }
+    }
+
+    /// Scopes whose mark moved since their row was written: (key, mark).
+    pub fn dirty(&self) -> impl Iterator<Item = (&[u8], i64)> {
+        self.held.iter().filter(|(_, h)| h.mark != h.stored).map(|(k, h)| (&k[..], h.mark))
+    }
+
+    /// Forget scopes the caller says no longer exist (their table was
+    /// dropped in this transaction), with their undo entries.
+    pub fn forget_where(&mut self, mut gone: impl FnMut(&[u8]) -> bool) {
+        self.held.retain(|k, _| !gone(k));
+        let held = &self.held;
+        self.undo.retain(|u| held.contains_key(&u.key));
+    }
+
+    /// The transaction ended: forget everything, and give back the memory of
+    /// a large transaction.
+    pub fn clear(&mut self) {
+        if self.held.capacity() > KEEP_CAPACITY {
+            self.held = HashMap::new();
+        } else {
+            self.held.clear();
+        }
+        if self.undo.capacity() > KEEP_CAPACITY {
+            self.undo = Vec::new();
+        } else {
+            self.undo.clear();
+        }
+    }
+
+    /// Allocated capacity (held slots + undo slots), to test that memory is
+    /// bounded and returned.
+    pub fn capacity(&self) -> usize {
+        self.held.capacity() + self.undo.capacity()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const K: &[u8] = b"q\0d";
+    const J: &[u8] = b"q\0e";
+
+    /// Take one value from a held scope in `subxact`.
+    fn take(m: &mut LocalMarks, key: &[u8], subxact: u32) -> i64 {
+        let next = m.mark(key).unwrap() + 1;
+        m.set(key, subxact, next).unwrap();
+        next
+    }
+
+    #[test]
+    fn an_aborted_savepoint_restores_and_a_committed_one_keeps() {
+        let mut m = LocalMarks::default();
+        m.hold(K, TOP_LEVEL, 1, 1).unwrap();
+        take(&mut m, K, 2);
+        take(&mut m, K, 2);
+        m.abort_sub(2);
+        assert_eq!(m.mark(K), Some(1));
+        take(&mut m, K, 3);
+        m.commit_sub(3, TOP_LEVEL);
+        assert_eq!(m.mark(K), Some(2));
+        assert_eq!(m.undo.len(), 0, "the top level needs no undo");
+    }
+
+    #[test]
+    fn a_scope_first_locked_in_an_aborted_savepoint_is_forgotten() {
+        let mut m = LocalMarks::default();
+        m.hold(K, 2, 5, 5).unwrap();
+        take(&mut m, K, 2);
+        m.abort_sub(2);
+        assert_eq!(m.mark(K), None);
+        assert!(m.is_empty());
+    }
+
+    #[test]
+    fn a_committed_child_merges_into_a_parent_that_has_an_older_value() {
+        let mut m = LocalMarks::default();
+        m.hold(K, TOP_LEVEL, 1, 1).unwrap();
+        take(&mut m, K, 2); // parent 2 records 1
+        take(&mut m, K, 3); // child 3 records 2
+        m.commit_sub(3, 2);
+        assert_eq!(m.undo.len(), 1, "the child's entry is redundant");
+        m.abort_sub(2);
+        assert_eq!(m.mark(K), Some(1), "the parent's abort restores the value before both");
+    }
+
+    #[test]
+    fn a_committed_child_whose_parent_has_no_entry_hands_its_entry_up() {
+        let mut m = LocalMarks::default();
+        m.hold(K, TOP_LEVEL, 1, 1).unwrap();
+        take(&mut m, K, 4); // grandchild of 2, child of 3; only 4 changes K
+        m.commit_sub(4, 3);
+        take(&mut m, K, 3); // already logged at 3 by the merge: no new entry
+        assert_eq!(m.undo.len(), 1);
+        m.abort_sub(3);
+        assert_eq!(m.mark(K), Some(1));
+    }
+
+    #[test]
+    fn forget_entries_travel_up_and_forget_at_the_parent_abort() {
+        let mut m = LocalMarks::default();
+        m.hold(J, 3, 7, 7).unwrap();
+        take(&mut m, J, 3);
+        m.commit_sub(3, 2);
+        assert_eq!(m.mark(J), Some(8));
+        m.abort_sub(2);
+        assert_eq!(m.mark(J), None, "locked inside the aborted parent");
+    }
+
+    #[test]
+    fn a_million_exception_blocks_inside_one_keep_one_entry() {
+        // DO $$ BEGIN BEGIN LOOP BEGIN next_scoped_id(); EXCEPTION ... END; END LOOP; ... $$
+        let mut m = LocalMarks::default();
+        m.hold(K, 2, 0, 1).unwrap();
+        for sub in 3..1_000_003u32 {
+            take(&mut m, K, sub);
+            m.commit_sub(sub, 2);
+        }
+        assert_eq!(m.mark(K), Some(1_000_001));
+        assert_eq!(m.entries(), 2, "one scope and its one entry at level 2");
+        assert!(m.visited <= 2 * 1_000_000, "each commit visits only its own entry: {}", m.visited);
+        assert!(m.capacity() < 64, "memory stays bounded: {}", m.capacity());
+    }
+
+    #[test]
+    fn nested_savepoints_commit_in_linear_work_and_space() {
+        // SAVEPOINT s1; take; SAVEPOINT s2; take; ... then COMMIT.
+        let n = 200_000u32;
+        let mut m = LocalMarks::default();
+        m.hold(K, 2, 0, 1).unwrap();
+        for sub in 3..n {
+            take(&mut m, K, sub);
+        }
+        assert_eq!(m.undo.len() as u32, n - 2, "one entry per open level");
+        for sub in (3..n).rev() {
+            m.commit_sub(sub, sub - 1);
+            assert!(m.undo.len() as u32 <= sub - 1);
+        }
+        m.commit_sub(2, TOP_LEVEL);
+        assert_eq!(m.undo.len(), 0);
+        assert_eq!(m.mark(K), Some(i64::from(n) - 2));
+        // Relabelling without merging visits 1 + 2 + ... + n entries.
+        assert!(m.visited <= 2 * n as usize, "linear: {} entries visited for {n} levels", m.visited);
+    }
+
+    #[test]
+    fn the_limit_refuses_a_new_scope_or_entry_and_changes_nothing() {
+        let mut m = LocalMarks::new(3);
+        m.hold(K, TOP_LEVEL, 0, 1).unwrap();
+        m.hold(J, 2, 0, 1).unwrap(); // scope + forget entry: 3
+        assert_eq!(m.room_for_new_scope(TOP_LEVEL), Err(LimitReached { limit: 3 }));
+        assert_eq!(m.set(K, 2, 2), Err(LimitReached { limit: 3 }));
+        assert_eq!(m.mark(K), Some(1), "a refused change changes nothing");
+        take(&mut m, K, TOP_LEVEL); // the top level needs no entry
+        assert_eq!(m.mark(K), Some(2));
+    }
+
+    #[test]
+    fn clearing_after_a_large_transaction_gives_memory_back() {
+        let mut m = LocalMarks::default();
+        for i in 0..10_000u32 {
+            m.hold(&i.to_le_bytes(), TOP_LEVEL, 0, 1).unwrap();
+        }
+        assert!(m.capacity() >= 10_000);
+        m.clear();
+        assert_eq!(m.capacity(), 0);
+    }
+
+    #[test]
+    fn dirty_lists_only_moved_marks_and_forget_where_drops_scopes_and_entries() {
+        let mut m = LocalMarks::default();
+        m.hold(K, TOP_LEVEL, 3, 3).unwrap();
+        m.hold(J, 2, 1, 4).unwrap();
+        let dirty: Vec<_> = m.dirty().collect();
+        assert_eq!(dirty, vec![(J, 4)]);
+        m.forget_where(|k| k == J);
+        assert_eq!(m.mark(J), None);
+        assert_eq!(m.undo.len(), 0);
+        assert_eq!(m.mark(K), Some(3));
+    }
+}

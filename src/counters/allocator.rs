@@ -1,0 +1,266 @@
+//! The allocation core shared by scoped counters and blocks.
+//!
+//! The first allocation from a scope in a transaction locks its row and takes
+//! the values in one `UPDATE` (see `store`). Later allocations in the same
+//! transaction are served from backend-local state (`ticket_core::local_marks`,
+//! which also keeps the savepoint undo) with no SQL, which keeps the cost per
+//! ID constant however many a transaction takes. The final marks are written
+//! once per touched scope just before commit (or PREPARE), and that commit is
+//! made durable: the values may already have left the database.
+//!
+//! Keys carry the state table's relation id, so what a transaction holds
+//! belongs to the tables it was taken from: after `DROP EXTENSION` (and a new
+//! `CREATE EXTENSION`) in the same transaction, the old entries match nothing
+//! and are not written to a table that no longer exists.
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::cell::RefCell;
+use std::ffi::c_void;
+
+use super::store::{self, Locked};
+use super::tables::{self, Tables};
+use crate::errors::TicketError;
+use crate::names::Name;
+use crate::settings;
+use crate::xact;
+use ticket_core::counter;
+use ticket_core::local_marks::LocalMarks;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Kind {
+    Scope = 0,
+    Block = 1,
+}
+
+impl Kind {
+    pub fn what(self) -> &'static str {
+        match self {
+            Kind::Scope => "scoped counter",
+            Kind::Block => "block",
+        }
+    }
+}
+
+#[derive(Default)]
+struct XactState {
+    marks: LocalMarks,
+    /// Set once the marks were written at pre-commit.
+    flushed: bool,
+    callbacks_registered: bool,
+    key_buf: Vec<u8>,
+}
+
+thread_local! {
+    static STATE: RefCell<XactState> = RefCell::new(XactState::default());
+}
+
+/// Key: kind byte, the table's relation id, first name, NUL, second name
+/// (text never holds NUL). Names are the database's bytes.
+fn encode_key(buf: &mut Vec<u8>, kind: Kind, table: pg_sys::Oid, a: Name<'_>, b: Name<'_>) {
+    buf.clear();
+    buf.push(kind as u8);
+    buf.extend_from_slice(&table.to_u32().to_le_bytes());
+    buf.extend_from_slice(a.bytes());
+    buf.push(0);
+    buf.extend_from_slice(b.bytes());
+}
+
+fn decode_key(key: &[u8]) -> (Kind, pg_sys::Oid, Name<'_>, Name<'_>) {
+    let kind = if key[0] == Kind::Scope as u8 { Kind::Scope } else { Kind::Block };
+    let table = pg_sys::Oid::from(u32::from_le_bytes(key[1..5].try_into().expect("4 bytes")));
+    let rest = &key[5..];
+    let nul = rest.iter().position(|&c| c == 0).expect("key has a separator");
+    (kind, table, Name(&rest[..nul]), Name(&rest[nul + 1..]))
+}
+
+/// What an allocation does to a mark.
+#[derive(Clone, Copy)]
+enum Change {
+    /// Take `n` (≥ 1) values.
+    Take(i64),
+    /// Move the mark to this value, never back.
+    AdvanceTo(i64),
+}
+
+impl Change {
+    fn apply(self, kind: Kind, mark: i64) -> Result<i64, TicketError> {
+        match self {
+            Change::Take(n) => Ok(counter::take(kind.what(), mark, n)?),
+            Change::AdvanceTo(to) if to < mark => {
+                Err(TicketError::MarkBackwards { what: kind.what(), current: mark, requested: to })
+            }
+            Change::AdvanceTo(to) => Ok(to),
+        }
+    }
+
+    /// What the statement that locks the row takes in the same write.
+    fn taken_by_lock(self) -> i64 {
+        match self {
+            Change::Take(n) => n,
+            Change::AdvanceTo(_) => 0,
+        }
+    }
+}
+
+/// Take `n` (≥ 1) values from the mark of `(kind, a, b)`; returns the new mark.
+pub fn take(kind: Kind, a: Name<'_>, b: Name<'_>, n: i64) -> Result<i64, TicketError> {
+    update_mark(kind, a, b, Change::Take(n))
+}
+
+/// Move the mark of `(kind, a, b)` to `to`, which must not be below it.
+pub fn advance(kind: Kind, a: Name<'_>, b: Name<'_>, to: i64) -> Result<i64, TicketError> {
+    update_mark(kind, a, b, Change::AdvanceTo(to))
+}
+
+/// The current mark as this transaction sees it, without locking.
+pub fn current(kind: Kind, a: Name<'_>, b: Name<'_>) -> i64 {
+    let table = tables::current().of(kind);
+    let local = STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        let s = &mut *s;
+        encode_key(&mut s.key_buf, kind, table, a, b);
+        s.marks.mark(&s.key_buf)
+    });
+    local.unwrap_or_else(|| store::read(kind, a, b))
+}
+
+fn update_mark(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> Result<i64, TicketError> {
+    xact::check_writable()?;
+    let subxact = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    let table = tables::current().of(kind);
+    let fast = STATE.with(|s| -> Option<Result<i64, TicketError>> {
+        let mut s = s.borrow_mut();
+        let s = &mut *s;
+        if s.flushed {
+            return Some(Err(TicketError::AllocationAfterFlush));
+        }
+        encode_key(&mut s.key_buf, kind, table, a, b);
+        let mark = s.marks.mark(&s.key_buf)?;
+        Some(change.apply(kind, mark).and_then(|new_mark| {
+            s.marks.set(&s.key_buf, subxact, new_mark)?;
+            Ok(new_mark)
+        }))
+    });
+    if let Some(result) = fast {
+        return result;
+    }
+
+    // Refuse at the cap before locking, so nothing is held that the
+    // backend-local state does not know of.
+    STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        s.marks.set_limit(settings::max_transaction_entries());
+        s.marks.room_for_new_scope(subxact)
+    })?;
+    register_callbacks();
+    let taken = change.taken_by_lock();
+    let stored = match store::lock_and_take(kind, a, b, taken) {
+        Locked::Took(stored) => stored,
+        Locked::WouldOverflow(mark) => return Err(counter::CounterError::Overflow { what: kind.what(), mark, n: taken }.into()),
+    };
+    // The row is ours until the transaction (or this subtransaction) ends.
+    let mark = match change {
+        Change::Take(_) => stored,
+        Change::AdvanceTo(_) => change.apply(kind, stored)?,
+    };
+    STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        let s = &mut *s;
+        encode_key(&mut s.key_buf, kind, table, a, b);
+        s.marks.hold(&s.key_buf, subxact, stored, mark)
+    })?;
+    Ok(mark)
+}
+
+fn register_callbacks() {
+    let first = STATE.with(|s| !std::mem::replace(&mut s.borrow_mut().callbacks_registered, true));
+    if first {
+        // Registered once for the backend's life: pgrx's own per-transaction
+        // hooks survive PREPARE TRANSACTION and fire in the next transaction.
+        unsafe {
+            pg_sys::RegisterXactCallback(Some(on_xact_event), std::ptr::null_mut());
+            pg_sys::RegisterSubXactCallback(Some(on_subxact_event), std::ptr::null_mut());
+        }
+    }
+}
+
+/// Pre-commit (or pre-prepare): write every moved mark back, and make the
+/// commit durable.
+fn flush_marks(committing: bool) {
+    let dirty: Vec<(Box<[u8]>, i64)> = STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        s.flushed = true;
+        s.marks.dirty().map(|(k, m)| (Box::from(k), m)).collect()
+    });
+    // Values were taken (the row lock's own UPDATE took them even when no
+    // mark moved since), and they may have left the database already.
+    if committing && settings::durable_commit() {
+        xact::make_commit_durable();
+    }
+    if dirty.is_empty() {
+        return;
+    }
+    // Pre-commit runs after the last statement's snapshot was released.
+    unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
+    let now: Option<Tables> = tables::lookup();
+    {
+        // Values already taken are stored even if the transaction was made
+        // READ ONLY after taking them.
+        let _writable = xact::WritableForCommit::new();
+        for (key, mark) in &dirty {
+            let (kind, table, a, b) = decode_key(key);
+            // A table dropped in this transaction (DROP EXTENSION) took its
+            // rows, and their marks, with it.
+            if now.is_some_and(|t| t.of(kind) == table) {
+                store::write(kind, a, b, *mark);
+            }
+        }
+    }
+    unsafe { pg_sys::PopActiveSnapshot() };
+}
+
+fn forget_all() {
+    STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        s.marks.clear();
+        s.flushed = false;
+    });
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: *mut c_void) {
+    let idle = STATE.with(|s| {
+        let s = s.borrow();
+        s.marks.is_empty() && !s.flushed
+    });
+    if idle {
+        return;
+    }
+    match event {
+        pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT => flush_marks(true),
+        // PREPARE TRANSACTION always flushes its WAL, and COMMIT PREPARED too.
+        pg_sys::XactEvent::XACT_EVENT_PRE_PREPARE => flush_marks(false),
+        pg_sys::XactEvent::XACT_EVENT_COMMIT
+        | pg_sys::XactEvent::XACT_EVENT_ABORT
+        | pg_sys::XactEvent::XACT_EVENT_PREPARE => forget_all(),
+        _ => {}
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn on_subxact_event(
+    event: pg_sys::SubXactEvent::Type,
+    my_subid: pg_sys::SubTransactionId,
+    parent_subid: pg_sys::SubTransactionId,
+    _arg: *mut c_void,
+) {
+    STATE.with(|s| {
+        let mut s = s.borrow_mut();
+        match event {
+            pg_sys::SubXactEvent::SUBXACT_EVENT_COMMIT_SUB => s.marks.commit_sub(my_subid, parent_subid),
+            pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB => s.marks.abort_sub(my_subid),
+            _ => {}
+        }
+    });
+}

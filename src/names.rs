@@ -1,0 +1,55 @@
+//! Names (queue, domain, block name) as the database stores them.
+//!
+//! A name is `text` in the database's encoding, which need not be UTF-8
+//! (LATIN1, EUC_JP, ...). pgrx's `&str` insists on UTF-8 and panics
+//! otherwise, so names are taken and keyed as the database's own bytes and
+//! handed back to SQL as `text` unchanged: `next_scoped_id('café', 'd')`
+//! in a LATIN1 database is the scope whose row holds exactly those bytes.
+
+use pgrx::callconv::{Arg, ArgAbi};
+use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys;
+use pgrx::FromDatum;
+
+/// A `text` argument's bytes, in the database's encoding (never NUL inside).
+#[derive(Clone, Copy)]
+pub struct Name<'a>(pub &'a [u8]);
+
+pgrx::impl_sql_translatable!(Name<'_>, arg_only = "text");
+
+impl FromDatum for Name<'_> {
+    unsafe fn from_polymorphic_datum(datum: pg_sys::Datum, is_null: bool, _: pg_sys::Oid) -> Option<Self> {
+        if is_null || datum.is_null() {
+            return None;
+        }
+        // Detoasted in the function call's memory context, which outlives
+        // the call's use of the bytes.
+        let varlena = unsafe { pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr()) };
+        Some(Name(unsafe { pgrx::varlena::varlena_to_byte_slice(varlena) }))
+    }
+}
+
+unsafe impl<'fcx> ArgAbi<'fcx> for Name<'fcx> {
+    unsafe fn unbox_arg_unchecked(arg: Arg<'_, 'fcx>) -> Self {
+        let index = arg.index();
+        unsafe { arg.unbox_arg_using_from_datum().unwrap_or_else(|| panic!("argument {index} must not be null")) }
+    }
+}
+
+impl<'a> Name<'a> {
+    pub fn bytes(self) -> &'a [u8] {
+        self.0
+    }
+
+    /// The name as SQL `text`, for SPI arguments (allocated in the current
+    /// memory context).
+    pub fn to_datum(self) -> DatumWithOid<'a> {
+        let text = unsafe { pg_sys::cstring_to_text_with_len(self.0.as_ptr().cast(), self.0.len() as i32) };
+        unsafe { DatumWithOid::new(pg_sys::Datum::from(text), pg_sys::TEXTOID) }
+    }
+
+    /// For messages: readable whatever the encoding (not for keys).
+    pub fn display(self) -> String {
+        String::from_utf8_lossy(self.0).into_owned()
+    }
+}

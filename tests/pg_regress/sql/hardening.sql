@@ -1,0 +1,96 @@
+-- Defects found in 0.1.0 by review, as a user meets them (issue "Hardening").
+CREATE EXTENSION IF NOT EXISTS pg_ticket;
+\set VERBOSITY default
+
+-- Values taken before SET TRANSACTION READ ONLY are stored at commit, and
+-- the user's own rows with them; PostgreSQL commits such a transaction.
+CREATE TABLE ro_rows (v int);
+BEGIN;
+SELECT next_scoped_id('ro', 'a') AS a1, next_scoped_id('ro', 'a') AS a2;
+INSERT INTO ro_rows VALUES (1);
+SET TRANSACTION READ ONLY;
+COMMIT;
+SELECT count(*) AS rows_kept FROM ro_rows;
+SELECT current_scoped_id('ro', 'a') AS mark_kept;
+-- Allocating after the flag is set stays refused.
+BEGIN;
+SELECT next_scoped_id('ro', 'a');
+SET TRANSACTION READ ONLY;
+SELECT next_scoped_id('ro', 'a');
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+SELECT next_scoped_id('ro', 'a') AS next_after_rollback;
+
+-- A mark's row deleted behind the functions' back is an error at commit,
+-- never a silent loss of the values taken from it.
+BEGIN;
+SELECT next_scoped_id('gone', 'a');
+DELETE FROM pgticket.scoped_counters WHERE queue = 'gone';
+SELECT next_scoped_id('gone', 'a');
+COMMIT;
+\echo :LAST_ERROR_SQLSTATE
+SELECT current_scoped_id('gone', 'a') AS nothing_committed;
+
+-- Session settings (they exist without preloading too).
+SHOW pg_ticket.durable_commit;
+SHOW pg_ticket.max_transaction_entries;
+
+-- A transaction may hold only so many scopes and savepoint entries.
+BEGIN;
+SET LOCAL pg_ticket.max_transaction_entries = 10;
+SELECT count(next_scoped_id('cap', 'd' || g)) FROM generate_series(1, 10) g;
+SELECT next_scoped_id('cap', 'one too many');
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+
+-- Snowflake settings are checked when set, not at the next restart.
+ALTER SYSTEM SET pg_ticket.epoch = 'garbage';
+\echo :LAST_ERROR_SQLSTATE
+ALTER SYSTEM SET pg_ticket.machine_id = 1024;
+\echo :LAST_ERROR_SQLSTATE
+ALTER SYSTEM SET pg_ticket.epoch = '2025-06-01';
+ALTER SYSTEM RESET pg_ticket.epoch;
+
+-- DROP EXTENSION in a transaction that allocated commits; what was taken
+-- went with the tables. (A database of its own: nothing here depends on
+-- the extension.)
+CREATE DATABASE pgt_drop;
+\c pgt_drop
+CREATE EXTENSION pg_ticket;
+BEGIN;
+SELECT next_scoped_id('dropped', 'a'), next_scoped_id('dropped', 'a');
+SELECT * FROM reserve_block('dropped', 5);
+DROP EXTENSION pg_ticket;
+COMMIT;
+SELECT count(*) AS extension_left FROM pg_extension WHERE extname = 'pg_ticket';
+CREATE EXTENSION pg_ticket;
+-- DROP and CREATE in one transaction: the new tables start afresh, and
+-- nothing from backend memory leaks into them.
+BEGIN;
+SELECT next_scoped_id('recreated', 'a'), next_scoped_id('recreated', 'a'), next_scoped_id('recreated', 'a');
+DROP EXTENSION pg_ticket;
+CREATE EXTENSION pg_ticket;
+SELECT next_scoped_id('recreated', 'a') AS first_in_new_tables;
+COMMIT;
+SELECT next_scoped_id('recreated', 'a') AS then, next_scoped_id('recreated', 'a') AS next;
+SELECT mark FROM pgticket.marks WHERE queue = 'recreated';
+\c regression
+DROP DATABASE pgt_drop;
+
+-- Names are text in the database's encoding, which need not be UTF-8.
+CREATE DATABASE pgt_latin1 TEMPLATE template0 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C';
+\c pgt_latin1
+SET client_encoding = 'UTF8';
+CREATE EXTENSION pg_ticket;
+SELECT next_scoped_id('café', 'd') AS c1, next_scoped_id('café', 'd') AS c2, next_scoped_id('cafe', 'd') AS other;
+SELECT * FROM reserve_block('bloc_é', 5);
+SELECT * FROM reserve_block('bloc_é', 5);
+SELECT current_scoped_id('café', 'd'), current_block_mark('bloc_é');
+SELECT kind, queue, domain, block_name, mark FROM pgticket.marks ORDER BY kind, queue, block_name;
+SELECT octet_length(queue) AS latin1_bytes FROM pgticket.scoped_counters WHERE queue = 'café';
+\c regression
+DROP DATABASE pgt_latin1;
+-- The same names in this UTF-8 database.
+SELECT next_scoped_id('café', 'd') AS c1, next_scoped_id('café', 'd') AS c2;
+SELECT * FROM reserve_block('bloc_é', 5);
+SELECT octet_length(queue) AS utf8_bytes FROM pgticket.scoped_counters WHERE queue = 'café';
