@@ -136,11 +136,7 @@ fn update_mark(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> Result<i
             return Some(Err(TicketError::AllocationAfterFlush));
         }
         encode_key(&mut s.key_buf, kind, table, a, b);
-        let mark = s.marks.mark(&s.key_buf)?;
-        Some(change.apply(kind, mark).and_then(|new_mark| {
-            s.marks.set(&s.key_buf, subxact, new_mark)?;
-            Ok(new_mark)
-        }))
+        s.marks.update(&s.key_buf, subxact, |mark| change.apply(kind, mark))
     });
     if let Some(result) = fast {
         return result;

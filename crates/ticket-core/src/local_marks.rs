@@ -112,24 +112,30 @@ impl LocalMarks {
         Ok(())
     }
 
-    /// Move the mark of a held scope to `new_mark` in `subxact`, recording
-    /// the value to restore if that subtransaction aborts. The caller has
-    /// checked that the scope is held.
-    pub fn set(&mut self, key: &[u8], subxact: u32, new_mark: i64) -> Result<(), LimitReached> {
-        let needs_undo = {
-            let held = self.held.get(key).expect("set() on a scope this transaction holds");
-            subxact != TOP_LEVEL && held.levels.last() != Some(&subxact)
+    /// Apply `change` to the mark of a held scope in `subxact` (None if the
+    /// scope is not held), recording the value to restore if that
+    /// subtransaction aborts. One hash lookup: this is the per-ID path.
+    pub fn update<E: From<LimitReached>>(
+        &mut self,
+        key: &[u8],
+        subxact: u32,
+        change: impl FnOnce(i64) -> Result<i64, E>,
+    ) -> Option<Result<i64, E>> {
+        let (entries, limit) = (self.entries(), self.limit);
+        let held = self.held.get_mut(key)?;
+        let new_mark = match change(held.mark) {
+            Ok(mark) => mark,
+            Err(e) => return Some(Err(e)),
         };
-        if needs_undo {
-            self.check_room(1)?;
-        }
-        let held = self.held.get_mut(key).expect("checked above");
-        if needs_undo {
+        if subxact != TOP_LEVEL && held.levels.last() != Some(&subxact) {
+            if entries >= limit {
+                return Some(Err(LimitReached { limit }.into()));
+            }
             held.levels.push(subxact);
             self.undo.push(Undo { subxact, key: key.into(), action: Action::Restore(held.mark) });
         }
         held.mark = new_mark;
-        Ok(())
+        Some(Ok(new_mark))
     }
 
     /// Start holding a scope whose row was just locked in `subxact` and now
@@ -159,21 +165,25 @@ impl LocalMarks {
             return;
         }
         let start = self.undo.iter().rposition(|u| u.subxact != my).map_or(0, |i| i + 1);
-        let tail = self.undo.split_off(start);
         #[cfg(test)]
         {
-            self.visited += tail.len() + 1;
+            self.visited += self.undo.len() - start + 1;
         }
-        for mut entry in tail {
-            let held = self.held.get_mut(&entry.key).expect("an undo entry's scope is held");
+        // Compact the tail in place: kept entries move down, dropped ones
+        // end up past `kept` and are truncated.
+        let mut kept = start;
+        for i in start..self.undo.len() {
+            let held = self.held.get_mut(&self.undo[i].key).expect("an undo entry's scope is held");
             held.levels.pop();
             if parent == TOP_LEVEL || held.levels.last() == Some(&parent) {
                 continue;
             }
             held.levels.push(parent);
-            entry.subxact = parent;
-            self.undo.push(entry);
+            self.undo[i].subxact = parent;
+            self.undo.swap(kept, i);
+            kept += 1;
         }
+        self.undo.truncate(kept);
     }
 
     /// `my` aborted: restore what it changed, forget what it locked.
@@ -237,9 +247,7 @@ mod tests {
 
     /// Take one value from a held scope in `subxact`.
     fn take(m: &mut LocalMarks, key: &[u8], subxact: u32) -> i64 {
-        let next = m.mark(key).unwrap() + 1;
-        m.set(key, subxact, next).unwrap();
-        next
+        m.update(key, subxact, |mark| Ok::<_, LimitReached>(mark + 1)).expect("held").unwrap()
     }
 
     #[test]
@@ -343,7 +351,9 @@ mod tests {
         m.hold(K, TOP_LEVEL, 0, 1).unwrap();
         m.hold(J, 2, 0, 1).unwrap(); // scope + forget entry: 3
         assert_eq!(m.room_for_new_scope(TOP_LEVEL), Err(LimitReached { limit: 3 }));
-        assert_eq!(m.set(K, 2, 2), Err(LimitReached { limit: 3 }));
+        assert_eq!(m.update(K, 2, |_| Ok(2)), Some(Err(LimitReached { limit: 3 })));
+        assert_eq!(m.update(J, 2, |_| Err(LimitReached { limit: 0 })), Some(Err(LimitReached { limit: 0 })), "a refused change");
+        assert_eq!(m.update(b"not held", 2, |_| Ok::<_, LimitReached>(1)), None);
         assert_eq!(m.mark(K), Some(1), "a refused change changes nothing");
         take(&mut m, K, TOP_LEVEL); // the top level needs no entry
         assert_eq!(m.mark(K), Some(2));

@@ -162,11 +162,6 @@ fn allocations_survive_a_crash_whatever_synchronous_commit_says() {
         handed_out_block = client.query_one("SELECT last_id FROM reserve_block('durable', 100)", &[]).unwrap().get(0);
         handed_out_scoped = client.query_one("SELECT next_scoped_id('durable', 'd')", &[]).unwrap().get(0);
     }
-    // A session that turned the setting off for its own risky work changes
-    // nothing for the others.
-    let mut risky = c.connect();
-    risky.batch_execute("SET pg_ticket.durable_commit = off; SELECT next_scoped_id('risky', 'd')").unwrap();
-    drop(risky);
     c.stop_with("immediate");
     c.up(None);
     let mut client = c.connect_when_ready();
