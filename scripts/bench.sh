@@ -13,7 +13,7 @@ dir=/tmp/pgt-bench
 port=55461
 repeat=${BENCH_REPEAT:-5}
 seconds=${BENCH_SECONDS:-5}
-bindir=$(/usr/lib/postgresql/15/bin/pg_config --bindir)
+bindir=$("${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}" --bindir)
 out="$root/target/bench"
 mkdir -p "$out"
 report="$out/report.md"

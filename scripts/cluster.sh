@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Throwaway PostgreSQL 15 clusters for the demo, the tests and the benchmark.
+# Throwaway PostgreSQL clusters for the demo, the tests and the benchmark,
+# of the version whose pg_config is in $PG_CONFIG (default: 15).
 #   scripts/cluster.sh start DIR PORT [postgresql.conf line ...]
 #   scripts/cluster.sh stop DIR [fast|immediate]
 #   scripts/cluster.sh up DIR            start an existing cluster again; with
@@ -9,7 +10,7 @@
 # `postgres` OS user; as anyone else, to that user. The socket lives in DIR
 # (keep DIR short: Unix socket paths are limited to ~107 bytes).
 set -euo pipefail
-PGBIN=$(/usr/lib/postgresql/15/bin/pg_config --bindir)
+PGBIN=$("${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}" --bindir)
 
 as_owner() {
     if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The pg_regress tier: golden files of what users see, run as the postgres
 # user on temporary instances (one preloaded, one not), against the
-# extension installed in the system PostgreSQL 15 (make install).
+# extension installed in the PostgreSQL of $PG_CONFIG (default 15; make install).
 # REGRESS_UPDATE=1 copies the results over the expected files.
+# UPGRADE_FROM=0.1.0 runs the preloaded suite on a database whose extension
+# was created at that release and updated (test upgrade_from_0_1_0 first).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}
@@ -24,8 +26,13 @@ run() { # config, port, tests...
         --dbname=regression "$@"
 }
 status=0
-run preload.conf 55451 counters prepared snowflake hardening || status=$?
-if [ $status = 0 ]; then run plain.conf 55452 no_preload || status=$?; fi
+suite=(counters prepared snowflake hardening)
+if [ -n "${UPGRADE_FROM:-}" ]; then
+    run preload.conf 55451 "upgrade_from_${UPGRADE_FROM//./_}" "${suite[@]}" || status=$?
+else
+    run preload.conf 55451 "${suite[@]}" || status=$?
+    if [ $status = 0 ]; then run plain.conf 55452 no_preload || status=$?; fi
+fi
 if [ $status != 0 ]; then
     [ -f "$work/regression.diffs" ] && cat "$work/regression.diffs"
 fi

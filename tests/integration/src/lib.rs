@@ -1,6 +1,7 @@
-//! Harness for pg_ticket's integration tests: real PostgreSQL 15 clusters
-//! (started with `scripts/cluster.sh`, the extension preloaded) and real
-//! client connections. Every test binary starts its own cluster on its own
+//! Harness for pg_ticket's integration tests: real PostgreSQL clusters of the
+//! version whose pg_config is in `$PG_CONFIG` (default 15; started with
+//! `scripts/cluster.sh`, the extension preloaded) and real client
+//! connections. Every test binary starts its own cluster on its own
 //! port, so binaries never share state; tests inside one binary share it and
 //! use distinct scope names.
 
@@ -113,10 +114,21 @@ impl Drop for Cluster {
     }
 }
 
-/// A PostgreSQL 15 program, run as the cluster's OS user (`postgres` when
-/// we are root); panics with its output if it fails.
+/// The tested PostgreSQL's program directory (`pg_config --bindir` of
+/// `$PG_CONFIG`, default 15).
+pub fn pg_bindir() -> &'static Path {
+    static BINDIR: OnceLock<PathBuf> = OnceLock::new();
+    BINDIR.get_or_init(|| {
+        let pg_config = std::env::var("PG_CONFIG").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin/pg_config".into());
+        let out = Command::new(&pg_config).arg("--bindir").output().unwrap_or_else(|e| panic!("run {pg_config}: {e}"));
+        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
+    })
+}
+
+/// A program of the tested PostgreSQL, run as the cluster's OS user
+/// (`postgres` when we are root); panics with its output if it fails.
 pub fn pg_tool(program: &str, args: &[&str]) -> Output {
-    let bin = Path::new("/usr/lib/postgresql/15/bin").join(program);
+    let bin = pg_bindir().join(program);
     let output = if unsafe { geteuid() } == 0 {
         Command::new("runuser").args(["-u", "postgres", "--"]).arg(&bin).args(args).output()
     } else {

@@ -22,31 +22,30 @@ fn a_custom_epoch_and_machine_id_are_stamped_into_ids() {
     assert!(now_ish, "decoding with the same epoch gives back the current time");
 }
 
-#[test]
-fn an_invalid_epoch_stops_the_server_with_a_message() {
-    let dir = "/tmp/pgt-bad-epoch";
-    // Not the same port as the bad machine ids: tests of a binary run in parallel.
+/// Starts a server with `line` in postgresql.conf, which must refuse to
+/// start; returns its log.
+fn refused_start(dir: &str, port: u16, line: &str) -> String {
     let status = Command::new(repo_root().join("scripts/cluster.sh"))
-        .args(["start", dir, "55436", "pg_ticket.epoch = '2026-13-45'"])
+        .args(["start", dir, &port.to_string(), line])
         .stderr(std::process::Stdio::null())
         .status()
         .unwrap();
-    assert!(!status.success(), "a server with an invalid epoch must not start");
-    let log = std::fs::read_to_string(format!("{dir}/server.log")).unwrap();
+    assert!(!status.success(), "a server with {line:?} must not start");
+    std::fs::read_to_string(format!("{dir}/server.log")).unwrap()
+}
+
+// Different directories and ports: the tests of a binary run in parallel.
+
+#[test]
+fn an_invalid_epoch_stops_the_server_with_a_message() {
+    let log = refused_start("/tmp/pgt-bad-epoch", 55436, "pg_ticket.epoch = '2026-13-45'");
     assert!(log.contains("pg_ticket.epoch: invalid epoch \"2026-13-45\""), "{log}");
 }
 
 #[test]
 fn an_invalid_machine_id_stops_the_server_instead_of_becoming_machine_0() {
-    let dir = "/tmp/pgt-bad-machine";
     for bad in ["1024", "-1", "abc"] {
-        let status = Command::new(repo_root().join("scripts/cluster.sh"))
-            .args(["start", dir, "55450", &format!("pg_ticket.machine_id = '{bad}'")])
-            .stderr(std::process::Stdio::null())
-            .status()
-            .unwrap();
-        assert!(!status.success(), "a server with machine id {bad:?} must not start");
-        let log = std::fs::read_to_string(format!("{dir}/server.log")).unwrap();
+        let log = refused_start("/tmp/pgt-bad-machine", 55450, &format!("pg_ticket.machine_id = '{bad}'"));
         assert!(log.contains("pg_ticket.machine_id:"), "{bad}: {log}");
     }
 }

@@ -1,5 +1,9 @@
 -- Scoped counters and blocks as a user sees them (SPEC §1, §2, §4, §5).
-CREATE EXTENSION pg_ticket;
+-- Quietly: the suite also runs on a database upgraded from 0.1.0
+-- (scripts/regress.sh with UPGRADE_FROM), where the extension exists.
+SET client_min_messages = warning;
+CREATE EXTENSION IF NOT EXISTS pg_ticket;
+RESET client_min_messages;
 
 -- A scope springs into existence on first use, at 1.
 SELECT next_scoped_id('demo-queue', 'request') AS r1,

@@ -1,5 +1,9 @@
 -- Defects found in 0.1.0 by review, as a user meets them (issue "Hardening").
+-- Quietly: the suite also runs on a database upgraded from 0.1.0
+-- (scripts/regress.sh with UPGRADE_FROM), where the extension exists.
+SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS pg_ticket;
+RESET client_min_messages;
 \set VERBOSITY default
 
 -- Values taken before SET TRANSACTION READ ONLY are stored at commit, and

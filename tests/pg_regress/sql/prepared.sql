@@ -1,6 +1,10 @@
 -- PREPARE TRANSACTION / COMMIT PREPARED behave like COMMIT; ROLLBACK
 -- PREPARED like ROLLBACK (SPEC §1).
+-- Quietly: the suite also runs on a database upgraded from 0.1.0
+-- (scripts/regress.sh with UPGRADE_FROM), where the extension exists.
+SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS pg_ticket;
+RESET client_min_messages;
 
 BEGIN;
 SELECT next_scoped_id('twophase', 'a'), next_scoped_id('twophase', 'a');

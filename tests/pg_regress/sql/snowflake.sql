@@ -1,5 +1,9 @@
 -- Snowflake IDs (SPEC §3).
+-- Quietly: the suite also runs on a database upgraded from 0.1.0
+-- (scripts/regress.sh with UPGRADE_FROM), where the extension exists.
+SET client_min_messages = warning;
 CREATE EXTENSION IF NOT EXISTS pg_ticket;
+RESET client_min_messages;
 
 -- The worked example: 24 000 000 000 ms after the epoch, machine 7, sequence 3.
 SELECT * FROM snowflake_decode(24000000000::bigint * 4194304 + 7 * 4096 + 3);

