@@ -5,10 +5,96 @@
 -- the objects a fresh CREATE EXTENSION of 0.2.0 makes (the upgrade test in
 -- tests/integration/tests/upgrade.rs compares the catalogs).
 --
--- So far 0.2.0 changes behaviour inside the library only (the hardening of
--- 0.1.0: durable commits, savepoint state, names in any encoding, settings
--- validated at start and at ALTER SYSTEM); its SQL objects are those of
--- 0.1.0. The settings pg_ticket.durable_commit and
--- pg_ticket.max_transaction_entries come with the library, not this script.
+-- The hardening of 0.1.0 (durable commits, savepoint state, names in any
+-- encoding, settings validated at start and at ALTER SYSTEM) is inside the
+-- library; the settings pg_ticket.durable_commit and
+-- pg_ticket.max_transaction_entries come with it, not with this script.
 
 \echo Use "ALTER EXTENSION pg_ticket UPDATE TO '0.2.0'" to load this file. \quit
+
+-- Limits for 32-bit series (set_scoped_limit, set_block_limit).
+ALTER TABLE pgticket.scoped_counters
+    ADD COLUMN max_mark bigint NOT NULL DEFAULT 9223372036854775807,
+    ADD CONSTRAINT scoped_counters_mark_within_limit CHECK (mark <= max_mark);
+ALTER TABLE pgticket.blocks
+    ADD COLUMN max_mark bigint NOT NULL DEFAULT 9223372036854775807,
+    ADD CONSTRAINT blocks_mark_within_limit CHECK (mark <= max_mark);
+CREATE OR REPLACE VIEW pgticket.marks AS
+    SELECT 'scope'::text AS kind, queue, domain, NULL::text AS block_name, mark,
+           max_mark - mark AS remaining, max_mark
+      FROM pgticket.scoped_counters
+    UNION ALL
+    SELECT 'block'::text, NULL, NULL, name, mark, max_mark - mark, max_mark
+      FROM pgticket.blocks;
+COMMENT ON VIEW pgticket.marks IS
+    'Every counter and block with its committed mark, its limit, and the values left before it';
+
+-- snowflake_decode reads the epoch, a server setting: STABLE, not IMMUTABLE.
+ALTER FUNCTION snowflake_decode(bigint) STABLE;
+
+-- Limits, admin only.
+CREATE FUNCTION "set_scoped_limit"(
+	"queue" text,
+	"domain" text,
+	"max" bigint
+) RETURNS bigint
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'set_scoped_limit_wrapper';
+CREATE FUNCTION "set_block_limit"(
+	"name" text,
+	"max" bigint
+) RETURNS bigint
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'set_block_limit_wrapper';
+REVOKE EXECUTE ON FUNCTION set_scoped_limit(text, text, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION set_block_limit(text, bigint) FROM PUBLIC;
+
+-- Time ranges on snowflake keys.
+CREATE FUNCTION "snowflake_min_id"(
+	"at" timestamp with time zone
+) RETURNS bigint
+STABLE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'snowflake_min_id_wrapper';
+CREATE FUNCTION "snowflake_max_id"(
+	"at" timestamp with time zone
+) RETURNS bigint
+STABLE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'snowflake_max_id_wrapper';
+
+-- Per-row scopes.
+CREATE FUNCTION "assign_scoped_id"()
+	RETURNS TRIGGER
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'assign_scoped_id_wrapper';
+
+-- Monitoring.
+CREATE FUNCTION "ticket_status"() RETURNS TABLE (
+	"preloaded" bool,
+	"epoch" timestamp with time zone,
+	"machine_id" INT,
+	"last_snowflake_at" timestamp with time zone,
+	"reserved_until" timestamp with time zone,
+	"years_left" double precision,
+	"refusals_clock_behind" bigint,
+	"refusals_overflow" bigint,
+	"refusals_read_only" bigint,
+	"waits_full_millisecond" bigint,
+	"waits_clock_back" bigint,
+	"reset_at" timestamp with time zone
+)
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'ticket_status_wrapper';
+CREATE FUNCTION "reset_ticket_status"() RETURNS void
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'reset_ticket_status_wrapper';
+CREATE VIEW pgticket.status AS SELECT * FROM ticket_status();
+COMMENT ON VIEW pgticket.status IS
+    'pg_ticket on this server: snowflake identity and clock, refusals and waits since start';
+GRANT SELECT ON pgticket.status TO PUBLIC;
+REVOKE EXECUTE ON FUNCTION reset_ticket_status() FROM PUBLIC;

@@ -6,16 +6,22 @@
 CREATE SCHEMA pgticket;
 COMMENT ON SCHEMA pgticket IS 'pg_ticket state: counter and block high-water marks';
 
+-- max_mark (0.2.0): the highest value the scope may hand out, for series
+-- that feed an integer column (set_scoped_limit / set_block_limit).
 CREATE TABLE pgticket.scoped_counters (
     queue  text COLLATE "C" NOT NULL,
     domain text COLLATE "C" NOT NULL,
     mark   bigint NOT NULL CHECK (mark >= 0),
-    PRIMARY KEY (queue, domain)
+    PRIMARY KEY (queue, domain),
+    max_mark bigint NOT NULL DEFAULT 9223372036854775807,
+    CONSTRAINT scoped_counters_mark_within_limit CHECK (mark <= max_mark)
 );
 
 CREATE TABLE pgticket.blocks (
     name text COLLATE "C" NOT NULL PRIMARY KEY,
-    mark bigint NOT NULL CHECK (mark >= 0)
+    mark bigint NOT NULL CHECK (mark >= 0),
+    max_mark bigint NOT NULL DEFAULT 9223372036854775807,
+    CONSTRAINT blocks_mark_within_limit CHECK (mark <= max_mark)
 );
 
 -- pg_dump carries every mark, so a restore continues where the dump left off.
@@ -26,13 +32,13 @@ REVOKE ALL ON pgticket.scoped_counters, pgticket.blocks FROM PUBLIC;
 
 CREATE VIEW pgticket.marks AS
     SELECT 'scope'::text AS kind, queue, domain, NULL::text AS block_name, mark,
-           9223372036854775807 - mark AS remaining
+           max_mark - mark AS remaining, max_mark
       FROM pgticket.scoped_counters
     UNION ALL
-    SELECT 'block'::text, NULL, NULL, name, mark, 9223372036854775807 - mark
+    SELECT 'block'::text, NULL, NULL, name, mark, max_mark - mark, max_mark
       FROM pgticket.blocks;
 COMMENT ON VIEW pgticket.marks IS
-    'Every counter and block with its committed mark and the values left before 2^63-1';
+    'Every counter and block with its committed mark, its limit, and the values left before it';
 
 GRANT USAGE ON SCHEMA pgticket TO PUBLIC;
 GRANT SELECT ON pgticket.marks TO PUBLIC;

@@ -87,29 +87,77 @@ fn advance_block_mark(name: Option<Name<'_>>, mark: Option<i64>) -> i64 {
     })
 }
 
+/// Admin: the highest value `(queue, domain)` may hand out (creating the
+/// scope if new), e.g. 2147483647 for a series feeding an `integer` column.
+/// Never below the values already handed out. Returns the limit.
+#[pg_extern(volatile, parallel_unsafe)]
+fn set_scoped_limit(queue: Option<Name<'_>>, domain: Option<Name<'_>>, max: Option<i64>) -> i64 {
+    postgres_errors_as_raised(|| {
+        let (queue, domain) = scope_args(queue, domain);
+        counters::limit(Kind::Scope, queue, domain, required("max", max)).or_raise()
+    })
+}
+
+/// Admin: the highest ID block counter `name` may reserve.
+#[pg_extern(volatile, parallel_unsafe)]
+fn set_block_limit(name: Option<Name<'_>>, max: Option<i64>) -> i64 {
+    postgres_errors_as_raised(|| {
+        let name = name_arg("name", name);
+        counters::limit(Kind::Block, name, NO_NAME, required("max", max)).or_raise()
+    })
+}
+
 /// A 64-bit time-ordered ID from this server's shared generator.
 #[pg_extern(volatile, parallel_unsafe)]
 fn snowflake_id() -> i64 {
     postgres_errors_as_raised(snowflake::next_id)
 }
 
-/// The parts of a snowflake ID, read with this server's epoch.
-#[pg_extern(immutable, parallel_safe)]
+/// PostgreSQL timestamps count microseconds from 2000-01-01.
+const PG_EPOCH_UNIX_MS: i64 = 946_684_800_000;
+
+/// The parts of a snowflake ID, read with this server's epoch. STABLE, not
+/// IMMUTABLE: the epoch is a server setting.
+#[pg_extern(stable, parallel_safe)]
 fn snowflake_decode(
     id: Option<i64>,
 ) -> TableIterator<'static, (name!(created_at, TimestampWithTimeZone), name!(machine_id, i32), name!(sequence, i32))> {
     let (unix_ms, machine_id, sequence) = snowflake::decode(required("id", id));
-    // PostgreSQL timestamps count microseconds from 2000-01-01.
-    const PG_EPOCH_UNIX_MS: i64 = 946_684_800_000;
     let created_at = TimestampWithTimeZone::try_from((unix_ms - PG_EPOCH_UNIX_MS) * 1000)
         .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot represent the timestamp of {unix_ms} ms: {e:?}"));
     TableIterator::once((created_at, i32::from(machine_id), i32::from(sequence)))
+}
+
+/// The millisecond of `at` in Unix ms (rounded down); infinity is refused.
+fn unix_ms_of(at: Option<TimestampWithTimeZone>) -> i64 {
+    let at = required("at", at);
+    if !at.is_finite() {
+        TicketError::InfiniteTime.raise();
+    }
+    let micros_since_2000: i64 = at.into_inner();
+    micros_since_2000.div_euclid(1000) + PG_EPOCH_UNIX_MS
+}
+
+/// The lowest snowflake ID any machine can have in the millisecond of `at`
+/// (machine 0, sequence 0): `id >= snowflake_min_id(a)` is an index range.
+#[pg_extern(stable, parallel_safe)]
+fn snowflake_min_id(at: Option<TimestampWithTimeZone>) -> i64 {
+    snowflake::id_range_of_millisecond(unix_ms_of(at), "snowflake_min_id").0
+}
+
+/// The highest snowflake ID any machine can have in the millisecond of `at`
+/// (machine 1023, sequence 4095).
+#[pg_extern(stable, parallel_safe)]
+fn snowflake_max_id(at: Option<TimestampWithTimeZone>) -> i64 {
+    snowflake::id_range_of_millisecond(unix_ms_of(at), "snowflake_max_id").1
 }
 
 extension_sql!(
     r#"
 REVOKE EXECUTE ON FUNCTION advance_scoped_id(text, text, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION advance_block_mark(text, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION set_scoped_limit(text, text, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION set_block_limit(text, bigint) FROM PUBLIC;
 "#,
     name = "admin_privileges",
     finalize

@@ -19,12 +19,20 @@ pub enum TicketError {
     ReadOnly { standby: bool },
     #[error("{0}() needs pg_ticket in shared_preload_libraries")]
     NotPreloaded(&'static str),
-    #[error("cannot move {what} back from {current} to {requested}: marks only move forward")]
-    MarkBackwards { what: &'static str, current: i64, requested: i64 },
     #[error("cannot allocate IDs after this transaction's marks were written at commit")]
     AllocationAfterFlush,
     #[error(transparent)]
     TooManyEntries(#[from] LimitReached),
+    #[error("{0}")]
+    TriggerMisuse(String),
+    #[error("snowflake IDs have no infinite time")]
+    InfiniteTime,
+    #[error("column {column:?} of table {table:?} does not exist (named in the trigger's arguments)")]
+    NoSuchColumn { column: String, table: String },
+    #[error("column {column:?} of table {table:?} is of type {type_name}; assign_scoped_id sets bigint, integer, smallint or numeric columns")]
+    WrongColumnType { column: String, table: String, type_name: String },
+    #[error("{value} does not fit the {type_name} column {column:?} of table {table:?}")]
+    ValueDoesNotFit { value: i64, column: String, table: String, type_name: &'static str },
 }
 
 impl TicketError {
@@ -33,14 +41,20 @@ impl TicketError {
         match self {
             TicketError::NullArgument(_) => ERRCODE_NULL_VALUE_NOT_ALLOWED,
             TicketError::Counter(CounterError::Overflow { .. }) => ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED,
-            TicketError::Counter(_) | TicketError::MarkBackwards { .. } => ERRCODE_INVALID_PARAMETER_VALUE,
-            TicketError::Snowflake(SnowflakeError::NegativeId(_) | SnowflakeError::MachineOutOfRange(_)) => {
+            TicketError::Counter(_) | TicketError::InfiniteTime => ERRCODE_INVALID_PARAMETER_VALUE,
+            TicketError::Snowflake(
+                SnowflakeError::NegativeId(_) | SnowflakeError::MachineOutOfRange(_) | SnowflakeError::TimeOutOfRange { .. },
+            ) => {
                 ERRCODE_INVALID_PARAMETER_VALUE
             }
             TicketError::Snowflake(
                 SnowflakeError::MarkStore(_) | SnowflakeError::DamagedMark { .. } | SnowflakeError::MarkBusy { .. },
             ) => ERRCODE_IO_ERROR,
             TicketError::TooManyEntries(_) => ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            TicketError::TriggerMisuse(_) => ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
+            TicketError::NoSuchColumn { .. } => ERRCODE_UNDEFINED_COLUMN,
+            TicketError::WrongColumnType { .. } => ERRCODE_DATATYPE_MISMATCH,
+            TicketError::ValueDoesNotFit { .. } => ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
             TicketError::Snowflake(_) | TicketError::NotPreloaded(_) | TicketError::AllocationAfterFlush => {
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
@@ -63,12 +77,14 @@ impl TicketError {
             TicketError::TooManyEntries(_) => {
                 Some("Split the transaction, or raise pg_ticket.max_transaction_entries for this session.")
             }
+            TicketError::ValueDoesNotFit { .. } => Some("set_scoped_limit() keeps a series within a column's range."),
             _ => None,
         }
     }
 
     /// Raise as a PostgreSQL ERROR; never returns.
     pub fn raise(self) -> ! {
+        crate::status::count_refusal(&self);
         let mut report = ErrorReport::new(self.sqlstate(), self.to_string(), "pg_ticket");
         if let Some(hint) = self.hint() {
             report = report.set_hint(hint);

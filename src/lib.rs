@@ -6,6 +6,7 @@
 //!   savepoint undo, commit-time write-back, and the only table access.
 //! - `snowflake`: the shared-memory generator and the real clock; the layout
 //!   and clock rules live in the PostgreSQL-free `ticket-core` crate.
+//! - `status`: the `pgticket.status` view and its shared-memory counters.
 //! - `names`: `text` arguments as the database's bytes (any encoding).
 //! - `xact`: what an allocation asks of the transaction (writable, durable).
 //! - `settings`: every `pg_ticket.*` setting, and `_PG_init` ordering.
@@ -19,6 +20,7 @@ mod errors;
 mod names;
 mod settings;
 mod snowflake;
+mod status;
 mod xact;
 
 ::pgrx::pg_module_magic!(name, version);

@@ -101,6 +101,7 @@ pub fn init() {
     MACHINE.store(i64::from(machine_id), Ordering::Relaxed);
     PRELOADED.store(true, Ordering::Relaxed);
     crate::snowflake::init_shared_memory();
+    crate::status::init_shared_memory();
 }
 
 /// The value postgresql.conf (or ALTER SYSTEM, or the command line) gave a

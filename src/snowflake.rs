@@ -65,13 +65,34 @@ pub fn next_id() -> i64 {
     layout::next_id(&GENERATOR.get().0, &SystemClock, &store, settings::epoch_unix_ms(), settings::machine_id()).or_raise()
 }
 
-/// (timestamp as Unix ms, machine id, sequence) of an ID, using this
-/// server's epoch. Without preloading the epoch setting does not exist, so
-/// decoding with the default could silently be wrong: refused instead.
-pub fn decode(id: i64) -> (i64, u16, u16) {
+/// This server's epoch. Without preloading the epoch setting does not
+/// exist, so reading IDs with the default could silently be wrong: refused.
+fn epoch_for(function: &'static str) -> i64 {
     if !settings::preloaded() {
-        TicketError::NotPreloaded("snowflake_decode").raise();
+        TicketError::NotPreloaded(function).raise();
     }
+    settings::epoch_unix_ms()
+}
+
+/// (timestamp as Unix ms, machine id, sequence) of an ID, using this
+/// server's epoch.
+pub fn decode(id: i64) -> (i64, u16, u16) {
+    let epoch = epoch_for("snowflake_decode");
     let parts = layout::decompose(id).or_raise();
-    (settings::epoch_unix_ms() + parts.millis as i64, parts.machine_id, parts.sequence)
+    (epoch + parts.millis as i64, parts.machine_id, parts.sequence)
+}
+
+/// The lowest and highest ID of any machine in the millisecond `unix_ms`,
+/// for `function`.
+pub fn id_range_of_millisecond(unix_ms: i64, function: &'static str) -> (i64, i64) {
+    layout::id_range_of_millisecond(unix_ms, epoch_for(function)).or_raise()
+}
+
+/// What the generator has done since start (for `pgticket.status`).
+pub fn activity() -> layout::Activity {
+    GENERATOR.get().0.activity()
+}
+
+pub fn reset_counters() {
+    GENERATOR.get().0.reset_counters();
 }

@@ -24,7 +24,7 @@ use crate::errors::TicketError;
 use crate::names::Name;
 use crate::settings;
 use crate::xact;
-use ticket_core::counter;
+use ticket_core::counter::{Change, CounterError, Mark};
 use ticket_core::local_marks::LocalMarks;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -74,35 +74,6 @@ fn decode_key(key: &[u8]) -> (Kind, pg_sys::Oid, Name<'_>, Name<'_>) {
     (kind, table, Name(&rest[..nul]), Name(&rest[nul + 1..]))
 }
 
-/// What an allocation does to a mark.
-#[derive(Clone, Copy)]
-enum Change {
-    /// Take `n` (≥ 1) values.
-    Take(i64),
-    /// Move the mark to this value, never back.
-    AdvanceTo(i64),
-}
-
-impl Change {
-    fn apply(self, kind: Kind, mark: i64) -> Result<i64, TicketError> {
-        match self {
-            Change::Take(n) => Ok(counter::take(kind.what(), mark, n)?),
-            Change::AdvanceTo(to) if to < mark => {
-                Err(TicketError::MarkBackwards { what: kind.what(), current: mark, requested: to })
-            }
-            Change::AdvanceTo(to) => Ok(to),
-        }
-    }
-
-    /// What the statement that locks the row takes in the same write.
-    fn taken_by_lock(self) -> i64 {
-        match self {
-            Change::Take(n) => n,
-            Change::AdvanceTo(_) => 0,
-        }
-    }
-}
-
 /// Take `n` (≥ 1) values from the mark of `(kind, a, b)`; returns the new mark.
 pub fn take(kind: Kind, a: Name<'_>, b: Name<'_>, n: i64) -> Result<i64, TicketError> {
     update_mark(kind, a, b, Change::Take(n))
@@ -111,6 +82,15 @@ pub fn take(kind: Kind, a: Name<'_>, b: Name<'_>, n: i64) -> Result<i64, TicketE
 /// Move the mark of `(kind, a, b)` to `to`, which must not be below it.
 pub fn advance(kind: Kind, a: Name<'_>, b: Name<'_>, to: i64) -> Result<i64, TicketError> {
     update_mark(kind, a, b, Change::AdvanceTo(to))
+}
+
+/// Set the limit of `(kind, a, b)` (creating it if new); never below its
+/// mark. Returns the limit.
+pub fn limit(kind: Kind, a: Name<'_>, b: Name<'_>, max: i64) -> Result<i64, TicketError> {
+    if max < 0 {
+        return Err(CounterError::NegativeMark(max).into());
+    }
+    update_row(kind, a, b, Change::LimitTo(max)).map(|row| row.limit)
 }
 
 /// The current mark as this transaction sees it, without locking.
@@ -126,17 +106,21 @@ pub fn current(kind: Kind, a: Name<'_>, b: Name<'_>) -> i64 {
 }
 
 fn update_mark(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> Result<i64, TicketError> {
+    update_row(kind, a, b, change).map(|row| row.mark)
+}
+
+fn update_row(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> Result<Mark, TicketError> {
     xact::check_writable()?;
     let subxact = unsafe { pg_sys::GetCurrentSubTransactionId() };
     let table = tables::current().of(kind);
-    let fast = STATE.with(|s| -> Option<Result<i64, TicketError>> {
+    let fast = STATE.with(|s| -> Option<Result<Mark, TicketError>> {
         let mut s = s.borrow_mut();
         let s = &mut *s;
         if s.flushed {
             return Some(Err(TicketError::AllocationAfterFlush));
         }
         encode_key(&mut s.key_buf, kind, table, a, b);
-        s.marks.update(&s.key_buf, subxact, |mark| change.apply(kind, mark))
+        s.marks.update(&s.key_buf, subxact, |row| Ok::<_, TicketError>(change.apply(kind.what(), row)?))
     });
     if let Some(result) = fast {
         return result;
@@ -153,20 +137,23 @@ fn update_mark(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> Result<i
     let taken = change.taken_by_lock();
     let stored = match store::lock_and_take(kind, a, b, taken) {
         Locked::Took(stored) => stored,
-        Locked::WouldOverflow(mark) => return Err(counter::CounterError::Overflow { what: kind.what(), mark, n: taken }.into()),
+        Locked::WouldOverflow(Mark { mark, limit }) => {
+            return Err(CounterError::Overflow { what: kind.what(), mark, n: taken, limit }.into())
+        }
     };
-    // The row is ours until the transaction (or this subtransaction) ends.
-    let mark = match change {
-        Change::Take(_) => stored,
-        Change::AdvanceTo(_) => change.apply(kind, stored)?,
+    // The row is ours until the transaction (or this subtransaction) ends;
+    // a refused change still holds it, with nothing changed.
+    let current = match change {
+        Change::Take(_) => Ok(stored),
+        other => other.apply(kind.what(), stored),
     };
     STATE.with(|s| {
         let mut s = s.borrow_mut();
         let s = &mut *s;
         encode_key(&mut s.key_buf, kind, table, a, b);
-        s.marks.hold(&s.key_buf, subxact, stored, mark)
+        s.marks.hold(&s.key_buf, subxact, stored, *current.as_ref().unwrap_or(&stored))
     })?;
-    Ok(mark)
+    Ok(current?)
 }
 
 fn register_callbacks() {
@@ -184,7 +171,7 @@ fn register_callbacks() {
 /// Pre-commit (or pre-prepare): write every moved mark back, and make the
 /// commit durable.
 fn flush_marks(committing: bool) {
-    let dirty: Vec<(Box<[u8]>, i64)> = STATE.with(|s| {
+    let dirty: Vec<(Box<[u8]>, Mark)> = STATE.with(|s| {
         let mut s = s.borrow_mut();
         s.flushed = true;
         s.marks.dirty().map(|(k, m)| (Box::from(k), m)).collect()
@@ -204,12 +191,12 @@ fn flush_marks(committing: bool) {
         // Values already taken are stored even if the transaction was made
         // READ ONLY after taking them.
         let _writable = xact::WritableForCommit::new();
-        for (key, mark) in &dirty {
+        for (key, row) in &dirty {
             let (kind, table, a, b) = decode_key(key);
             // A table dropped in this transaction (DROP EXTENSION) took its
             // rows, and their marks, with it.
             if now.is_some_and(|t| t.of(kind) == table) {
-                store::write(kind, a, b, *mark);
+                store::write(kind, a, b, *row);
             }
         }
     }

@@ -4,8 +4,9 @@
 //! Statements run through SPI as the owner of the state tables (ordinary
 //! roles have no rights on them), with every name and operator
 //! schema-qualified, so a caller's `search_path` cannot redirect them. The
-//! prepared plans are kept per backend; PostgreSQL's plan cache re-plans
-//! them when the tables change (DROP and CREATE EXTENSION included).
+//! prepared plans are kept per backend, for the tables they were prepared
+//! for (`tables::Tables`: a new owner, new relations or the 0.2.0 columns
+//! prepare them anew).
 
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
@@ -14,12 +15,14 @@ use pgrx::PgOid;
 use std::cell::RefCell;
 
 use super::allocator::Kind;
-use super::tables;
+use super::tables::{self, Tables};
 use crate::names::Name;
+use ticket_core::counter::Mark;
 
+/// Every statement returns (or writes) `mark, max_mark`.
 struct Statements {
     /// Lock the row and take `n` in one write; no row if the scope is new
-    /// or the mark would pass 2^63-1.
+    /// or the mark would pass its limit.
     bump: OwnedPreparedStatement,
     /// Create the row holding `n`; no row if another transaction created it.
     insert: OwnedPreparedStatement,
@@ -28,7 +31,9 @@ struct Statements {
 }
 
 thread_local! {
-    static STATEMENTS: RefCell<[Option<Statements>; 2]> = const { RefCell::new([None, None]) };
+    /// Per kind, with the tables they were prepared for: tables of another
+    /// shape (0.1.0's, before the update) or owner need other statements.
+    static STATEMENTS: RefCell<[Option<(Tables, Statements)>; 2]> = const { RefCell::new([None, None]) };
 }
 
 fn table(kind: Kind) -> (&'static str, &'static [&'static str]) {
@@ -38,8 +43,10 @@ fn table(kind: Kind) -> (&'static str, &'static [&'static str]) {
     }
 }
 
-fn prepare(client: &SpiClient<'_>, kind: Kind) -> Statements {
+fn prepare(client: &SpiClient<'_>, kind: Kind, tables: Tables) -> Statements {
     let (table, keys) = table(kind);
+    // 0.1.0's tables have no limit column: their limit is 2^63-1.
+    let limit = if tables.has_limits { "max_mark" } else { "9223372036854775807::pg_catalog.int8" };
     let key_cond = keys
         .iter()
         .enumerate()
@@ -50,6 +57,8 @@ fn prepare(client: &SpiClient<'_>, kind: Kind) -> Statements {
     let mut types = vec![PgOid::from(pg_sys::TEXTOID); keys.len()];
     types.push(PgOid::from(pg_sys::INT8OID));
     let key_types = &types[..keys.len()];
+    let mut write_types = types.clone();
+    write_types.push(PgOid::from(pg_sys::INT8OID));
     let cols = keys.join(", ");
     let params = (1..=n).map(|i| format!("${i}")).collect::<Vec<_>>().join(", ");
     let keep = |sql: String, types: &[PgOid]| {
@@ -63,35 +72,45 @@ fn prepare(client: &SpiClient<'_>, kind: Kind) -> Statements {
             format!(
                 "UPDATE {table} SET mark = mark OPERATOR(pg_catalog.+) ${n} \
                  WHERE {key_cond} AND mark OPERATOR(pg_catalog.<=) \
-                 (9223372036854775807::pg_catalog.int8 OPERATOR(pg_catalog.-) ${n}) RETURNING mark"
+                 ({limit} OPERATOR(pg_catalog.-) ${n}) RETURNING mark, {limit}"
             ),
             &types,
         ),
         insert: keep(
-            format!("INSERT INTO {table} ({cols}, mark) VALUES ({params}) ON CONFLICT DO NOTHING RETURNING mark"),
+            format!("INSERT INTO {table} ({cols}, mark) VALUES ({params}) ON CONFLICT DO NOTHING RETURNING mark, {limit}"),
             &types,
         ),
         // Read-only, so it also runs on a hot standby.
         read: client
-            .prepare(format!("SELECT mark FROM {table} WHERE {key_cond}").as_str(), key_types)
+            .prepare(format!("SELECT mark, {limit} FROM {table} WHERE {key_cond}").as_str(), key_types)
             .unwrap_or_else(|e| panic!("pg_ticket: cannot prepare the mark read: {e}"))
             .keep(),
-        write: keep(format!("UPDATE {table} SET mark = ${n} WHERE {key_cond}"), &types),
+        // Without the column no limit can have been set (set_*_limit come
+        // with the update), so the unused parameter is left alone.
+        write: keep(
+            if tables.has_limits {
+                format!("UPDATE {table} SET mark = ${n}, max_mark = ${} WHERE {key_cond}", n + 1)
+            } else {
+                format!("UPDATE {table} SET mark = ${n} WHERE {key_cond}")
+            },
+            &write_types,
+        ),
     }
 }
 
 /// Runs `f` with SPI connected, as the state tables' owner, with this kind's
 /// statements prepared.
 fn with_statements<R>(kind: Kind, f: impl FnOnce(&mut SpiClient<'_>, &Statements) -> R) -> R {
-    let _as_owner = AsUser::switch_to(tables::current().owner);
+    let tables = tables::current();
+    let _as_owner = AsUser::switch_to(tables.owner);
     Spi::connect_mut(|client| {
         STATEMENTS.with(|cell| {
             let mut all = cell.borrow_mut();
             let slot = &mut all[kind as usize];
-            if slot.is_none() {
-                *slot = Some(prepare(client, kind));
+            if slot.as_ref().is_none_or(|(prepared_for, _)| *prepared_for != tables) {
+                *slot = Some((tables, prepare(client, kind, tables)));
             }
-            f(client, slot.as_ref().unwrap())
+            f(client, &slot.as_ref().unwrap().1)
         })
     })
 }
@@ -126,60 +145,59 @@ impl Drop for AsUser {
     }
 }
 
-fn args<'a>(a: Name<'a>, b: Name<'a>, kind: Kind, n: Option<i64>) -> Vec<DatumWithOid<'a>> {
+/// The key columns' values, then `values` (int8).
+fn args<'a>(a: Name<'a>, b: Name<'a>, kind: Kind, values: &[i64]) -> Vec<DatumWithOid<'a>> {
     let mut v = vec![a.to_datum()];
     if kind == Kind::Scope {
         v.push(b.to_datum());
     }
-    if let Some(n) = n {
-        v.push(n.into());
-    }
+    v.extend(values.iter().map(|n| DatumWithOid::from(*n)));
     v
 }
 
-fn first_mark(client: &mut SpiClient<'_>, stmt: &OwnedPreparedStatement, args: &[DatumWithOid<'_>]) -> Option<i64> {
+fn first_row(client: &mut SpiClient<'_>, stmt: &OwnedPreparedStatement, args: &[DatumWithOid<'_>]) -> Option<Mark> {
     mark_of(client.update(stmt, Some(1), args))
 }
 
-/// The mark of `(a, b)` through the read-only statement (no row: None).
-fn select_mark(client: &SpiClient<'_>, st: &Statements, kind: Kind, a: Name<'_>, b: Name<'_>) -> Option<i64> {
-    mark_of(client.select(&st.read, Some(1), &args(a, b, kind, None)))
+/// The row of `(a, b)` through the read-only statement (no row: None).
+fn select_mark(client: &SpiClient<'_>, st: &Statements, kind: Kind, a: Name<'_>, b: Name<'_>) -> Option<Mark> {
+    mark_of(client.select(&st.read, Some(1), &args(a, b, kind, &[])))
 }
 
-fn mark_of(result: pgrx::spi::SpiResult<pgrx::spi::SpiTupleTable<'_>>) -> Option<i64> {
+fn mark_of(result: pgrx::spi::SpiResult<pgrx::spi::SpiTupleTable<'_>>) -> Option<Mark> {
     let table = result.unwrap_or_else(|e| pgrx::error!("pg_ticket: {e}"));
     if table.is_empty() {
-        None
-    } else {
-        table.first().get_one::<i64>().unwrap_or_else(|e| pgrx::error!("pg_ticket: {e}"))
+        return None;
     }
+    let (mark, limit) = table.first().get_two::<i64, i64>().unwrap_or_else(|e| pgrx::error!("pg_ticket: {e}"));
+    Some(Mark { mark: mark.expect("mark is NOT NULL"), limit: limit.expect("max_mark is NOT NULL") })
 }
 
 /// Outcome of locking a row and taking `n` from it.
 pub enum Locked {
     /// The row is locked by this transaction and holds this new mark.
-    Took(i64),
-    /// The row exists with this mark, and taking `n` would pass 2^63-1.
-    WouldOverflow(i64),
+    Took(Mark),
+    /// The row exists with this mark, and taking `n` would pass its limit.
+    WouldOverflow(Mark),
 }
 
 /// Lock the row of `(a, b)` (creating it with mark 0 if new) and take `n`
 /// values in the same write. Waits for a transaction that holds the row.
 pub fn lock_and_take(kind: Kind, a: Name<'_>, b: Name<'_>, n: i64) -> Locked {
     with_statements(kind, |client, st| {
-        let with_n = args(a, b, kind, Some(n));
+        let with_n = args(a, b, kind, &[n]);
         // A few rounds cover "created concurrently between our UPDATE and
         // INSERT"; under REPEATABLE READ the INSERT itself raises 40001.
         for _ in 0..3 {
-            if let Some(mark) = first_mark(client, &st.bump, &with_n) {
-                return Locked::Took(mark);
+            if let Some(row) = first_row(client, &st.bump, &with_n) {
+                return Locked::Took(row);
             }
-            if let Some(mark) = first_mark(client, &st.insert, &with_n) {
-                return Locked::Took(mark);
+            if let Some(row) = first_row(client, &st.insert, &with_n) {
+                return Locked::Took(row);
             }
-            if let Some(mark) = select_mark(client, st, kind, a, b) {
-                if mark.checked_add(n).is_none() {
-                    return Locked::WouldOverflow(mark);
+            if let Some(row) = select_mark(client, st, kind, a, b) {
+                if row.mark.checked_add(n).is_none_or(|m| m > row.limit) {
+                    return Locked::WouldOverflow(row);
                 }
             }
         }
@@ -192,16 +210,17 @@ pub fn lock_and_take(kind: Kind, a: Name<'_>, b: Name<'_>, n: i64) -> Locked {
 
 /// The committed mark as this transaction's snapshot sees it (0: never used).
 pub fn read(kind: Kind, a: Name<'_>, b: Name<'_>) -> i64 {
-    with_statements(kind, |client, st| select_mark(client, st, kind, a, b).unwrap_or(0))
+    with_statements(kind, |client, st| select_mark(client, st, kind, a, b).map_or(0, |row| row.mark))
 }
 
-/// Store `mark` in the row this transaction has locked. A row that is not
+/// Store `row` in the row this transaction has locked. A row that is not
 /// there (someone deleted it behind the functions' back) is an error: the
 /// values taken from it would otherwise be handed out again.
-pub fn write(kind: Kind, a: Name<'_>, b: Name<'_>, mark: i64) {
+pub fn write(kind: Kind, a: Name<'_>, b: Name<'_>, row: Mark) {
+    let Mark { mark, limit } = row;
     let updated = with_statements(kind, |client, st| {
         client
-            .update(&st.write, None, &args(a, b, kind, Some(mark)))
+            .update(&st.write, None, &args(a, b, kind, &[mark, limit]))
             .unwrap_or_else(|e| pgrx::error!("pg_ticket: {e}"))
             .len()
     });

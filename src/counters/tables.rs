@@ -3,8 +3,8 @@
 //! Cached per backend, because the owner is needed on every first allocation
 //! from a scope and the relation ids on every allocation (they are part of
 //! the backend-local key). A relcache invalidation of either table — sent by
-//! `ALTER TABLE ... OWNER`, `REASSIGN OWNED`, `DROP EXTENSION`, in this
-//! session or any other — drops the cache, so a long-lived session (a pool's
+//! `ALTER TABLE ... OWNER`, `REASSIGN OWNED`, `DROP EXTENSION`, `ALTER
+//! EXTENSION ... UPDATE`, in this session or any other — drops the cache, so a long-lived session (a pool's
 //! connection) sees such a change at its next call, with no catalog query
 //! per ID. The callback only clears a cell: it may not touch the catalogs.
 
@@ -19,6 +19,10 @@ pub struct Tables {
     pub scoped_counters: pg_sys::Oid,
     pub blocks: pg_sys::Oid,
     pub owner: pg_sys::Oid,
+    /// The tables have the `max_mark` column of 0.2.0. Without it they are
+    /// 0.1.0's, not yet updated (`ALTER EXTENSION pg_ticket UPDATE`), and
+    /// every limit is 2^63-1: the library serves both.
+    pub has_limits: bool,
 }
 
 impl Tables {
@@ -54,7 +58,10 @@ pub fn lookup() -> Option<Tables> {
     let found = Spi::connect(|client| {
         let row = client
             .select(
-                "SELECT s.oid, b.oid, s.relowner FROM pg_catalog.pg_class s, pg_catalog.pg_class b \
+                "SELECT s.oid, b.oid, s.relowner, EXISTS (SELECT FROM pg_catalog.pg_attribute a \
+                          WHERE a.attrelid OPERATOR(pg_catalog.=) s.oid AND a.attname OPERATOR(pg_catalog.=) 'max_mark' \
+                            AND NOT a.attisdropped) \
+                   FROM pg_catalog.pg_class s, pg_catalog.pg_class b \
                  WHERE s.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('pgticket.scoped_counters') \
                    AND b.oid OPERATOR(pg_catalog.=) pg_catalog.to_regclass('pgticket.blocks')",
                 None,
@@ -68,6 +75,7 @@ pub fn lookup() -> Option<Tables> {
             scoped_counters: row.get::<pg_sys::Oid>(1)?.expect("oid"),
             blocks: row.get::<pg_sys::Oid>(2)?.expect("oid"),
             owner: row.get::<pg_sys::Oid>(3)?.expect("relowner"),
+            has_limits: row.get::<bool>(4)?.expect("exists"),
         }))
     })
     .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot look up the state tables: {e}"));

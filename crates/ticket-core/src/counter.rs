@@ -1,7 +1,9 @@
 //! Arithmetic and input limits shared by scoped counters and blocks.
 //!
 //! A mark is the highest value handed out so far (0: never used). Taking `n`
-//! values from mark `m` yields `m+1 ..= m+n` and the new mark `m+n`.
+//! values from mark `m` yields `m+1 ..= m+n` and the new mark `m+n`. Every
+//! scope and block name also has a limit, the highest value it may hand out
+//! (2^63-1 unless an admin set a lower one, e.g. for an `integer` column).
 
 use thiserror::Error;
 
@@ -24,10 +26,59 @@ pub enum CounterError {
     SizeNotPositive(i64),
     #[error("block size {0} is larger than the limit of {MAX_BLOCK_SIZE}")]
     SizeTooLarge(i64),
-    #[error("{what} would pass the maximum value 9223372036854775807 (current mark {mark}, asked for {n} more)")]
-    Overflow { what: &'static str, mark: i64, n: i64 },
+    #[error("{what} would pass its limit {limit} (current mark {mark}, asked for {n} more)")]
+    Overflow { what: &'static str, mark: i64, n: i64, limit: i64 },
     #[error("a mark cannot be negative, got {0}")]
     NegativeMark(i64),
+    #[error("cannot move {what} back from {current} to {requested}: marks only move forward")]
+    MarkBackwards { what: &'static str, current: i64, requested: i64 },
+    #[error("cannot move {what} to {requested}: its limit is {limit}")]
+    PastLimit { what: &'static str, requested: i64, limit: i64 },
+    #[error("cannot limit {what} to {requested}: it has already handed out values up to {mark}")]
+    LimitBelowMark { what: &'static str, requested: i64, mark: i64 },
+}
+
+/// The largest limit, and the one every scope starts with.
+pub const NO_LIMIT: i64 = i64::MAX;
+
+/// A scope's mark and limit as one transaction sees them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mark {
+    pub mark: i64,
+    pub limit: i64,
+}
+
+/// What an allocation or an admin call does to a mark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// Take `n` (≥ 1) values.
+    Take(i64),
+    /// Move the mark to this value, never back and never past the limit.
+    AdvanceTo(i64),
+    /// Set the limit, never below the mark.
+    LimitTo(i64),
+}
+
+impl Change {
+    pub fn apply(self, what: &'static str, current: Mark) -> Result<Mark, CounterError> {
+        let Mark { mark, limit } = current;
+        match self {
+            Change::Take(n) => Ok(Mark { mark: take(what, mark, n, limit)?, limit }),
+            Change::AdvanceTo(to) if to < mark => Err(CounterError::MarkBackwards { what, current: mark, requested: to }),
+            Change::AdvanceTo(to) if to > limit => Err(CounterError::PastLimit { what, requested: to, limit }),
+            Change::AdvanceTo(to) => Ok(Mark { mark: to, limit }),
+            Change::LimitTo(max) if max < mark => Err(CounterError::LimitBelowMark { what, requested: max, mark }),
+            Change::LimitTo(max) => Ok(Mark { mark, limit: max }),
+        }
+    }
+
+    /// What the statement that locks the row takes in the same write.
+    pub fn taken_by_lock(self) -> i64 {
+        match self {
+            Change::Take(n) => n,
+            Change::AdvanceTo(_) | Change::LimitTo(_) => 0,
+        }
+    }
 }
 
 /// `name` is the database's bytes (any server encoding).
@@ -51,10 +102,11 @@ pub fn check_block_size(size: i64) -> Result<(), CounterError> {
     Ok(())
 }
 
-/// The new mark after taking `n` (≥ 1) values from `mark`; never wraps.
+/// The new mark after taking `n` (≥ 1) values from `mark`; never wraps, never
+/// passes `limit`.
 #[inline]
-pub fn take(what: &'static str, mark: i64, n: i64) -> Result<i64, CounterError> {
-    mark.checked_add(n).ok_or(CounterError::Overflow { what, mark, n })
+pub fn take(what: &'static str, mark: i64, n: i64, limit: i64) -> Result<i64, CounterError> {
+    mark.checked_add(n).filter(|m| *m <= limit).ok_or(CounterError::Overflow { what, mark, n, limit })
 }
 
 #[cfg(test)]
@@ -63,18 +115,37 @@ mod tests {
 
     #[test]
     fn take_moves_the_mark_by_n() {
-        assert_eq!(take("counter", 0, 1), Ok(1));
-        assert_eq!(take("block", 3, 3), Ok(6));
+        assert_eq!(take("counter", 0, 1, NO_LIMIT), Ok(1));
+        assert_eq!(take("block", 3, 3, NO_LIMIT), Ok(6));
     }
 
     #[test]
-    fn take_refuses_to_pass_the_maximum() {
-        assert_eq!(take("counter", i64::MAX - 1, 1), Ok(i64::MAX));
+    fn take_refuses_to_pass_the_maximum_or_the_limit() {
+        assert_eq!(take("counter", i64::MAX - 1, 1, NO_LIMIT), Ok(i64::MAX));
         assert_eq!(
-            take("counter", i64::MAX, 1),
-            Err(CounterError::Overflow { what: "counter", mark: i64::MAX, n: 1 })
+            take("counter", i64::MAX, 1, NO_LIMIT),
+            Err(CounterError::Overflow { what: "counter", mark: i64::MAX, n: 1, limit: NO_LIMIT })
         );
-        assert!(take("block", i64::MAX - 5, 6).is_err());
+        assert!(take("block", i64::MAX - 5, 6, NO_LIMIT).is_err());
+        let int4 = i64::from(i32::MAX);
+        assert_eq!(take("counter", int4 - 1, 1, int4), Ok(int4));
+        assert_eq!(take("counter", int4, 1, int4), Err(CounterError::Overflow { what: "counter", mark: int4, n: 1, limit: int4 }));
+        assert!(take("block", int4 - 2, 3, int4).is_err(), "a block may not straddle the limit");
+    }
+
+    #[test]
+    fn changes_keep_marks_forward_and_within_the_limit() {
+        let at = |mark, limit| Mark { mark, limit };
+        assert_eq!(Change::AdvanceTo(10).apply("c", at(5, 100)), Ok(at(10, 100)));
+        assert_eq!(Change::AdvanceTo(5).apply("c", at(5, 100)), Ok(at(5, 100)), "standing still is allowed");
+        assert!(matches!(Change::AdvanceTo(4).apply("c", at(5, 100)), Err(CounterError::MarkBackwards { .. })));
+        assert!(matches!(Change::AdvanceTo(101).apply("c", at(5, 100)), Err(CounterError::PastLimit { .. })));
+        assert_eq!(Change::LimitTo(5).apply("c", at(5, 100)), Ok(at(5, 5)), "a limit at the mark: nothing more");
+        assert_eq!(Change::LimitTo(NO_LIMIT).apply("c", at(5, 100)), Ok(at(5, NO_LIMIT)), "a limit can be raised");
+        assert!(matches!(Change::LimitTo(4).apply("c", at(5, 100)), Err(CounterError::LimitBelowMark { .. })));
+        assert_eq!(Change::Take(2).apply("c", at(5, 7)), Ok(at(7, 7)));
+        assert!(matches!(Change::Take(1).apply("c", at(7, 7)), Err(CounterError::Overflow { .. })));
+        assert_eq!((Change::Take(3).taken_by_lock(), Change::LimitTo(9).taken_by_lock()), (3, 0));
     }
 
     #[test]

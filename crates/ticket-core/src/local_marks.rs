@@ -22,6 +22,8 @@
 use std::collections::HashMap;
 use thiserror::Error;
 
+use crate::counter::Mark;
+
 /// PostgreSQL's TopSubTransactionId: the transaction's top level.
 pub const TOP_LEVEL: u32 = 1;
 
@@ -37,17 +39,17 @@ pub struct LimitReached {
 
 #[derive(Debug)]
 struct Held {
-    /// The mark as the row stores it now.
-    stored: i64,
-    /// The mark including values taken since, not yet written.
-    mark: i64,
+    /// Mark and limit as the row stores them now.
+    stored: Mark,
+    /// Mark and limit including changes since, not yet written.
+    current: Mark,
     /// Subtransactions with an undo entry for this scope, innermost last.
     levels: Vec<u32>,
 }
 
 #[derive(Debug)]
 enum Action {
-    Restore(i64),
+    Restore(Mark),
     Forget,
 }
 
@@ -102,7 +104,7 @@ impl LocalMarks {
 
     /// The mark of a scope this transaction holds, if it holds it.
     pub fn mark(&self, key: &[u8]) -> Option<i64> {
-        self.held.get(key).map(|h| h.mark)
+        self.held.get(key).map(|h| h.current.mark)
     }
 
     fn check_room(&self, more: usize) -> Result<(), LimitReached> {
@@ -119,12 +121,12 @@ impl LocalMarks {
         &mut self,
         key: &[u8],
         subxact: u32,
-        change: impl FnOnce(i64) -> Result<i64, E>,
-    ) -> Option<Result<i64, E>> {
+        change: impl FnOnce(Mark) -> Result<Mark, E>,
+    ) -> Option<Result<Mark, E>> {
         let (entries, limit) = (self.entries(), self.limit);
         let held = self.held.get_mut(key)?;
-        let new_mark = match change(held.mark) {
-            Ok(mark) => mark,
+        let new = match change(held.current) {
+            Ok(new) => new,
             Err(e) => return Some(Err(e)),
         };
         if subxact != TOP_LEVEL && held.levels.last() != Some(&subxact) {
@@ -132,15 +134,15 @@ impl LocalMarks {
                 return Some(Err(LimitReached { limit }.into()));
             }
             held.levels.push(subxact);
-            self.undo.push(Undo { subxact, key: key.into(), action: Action::Restore(held.mark) });
+            self.undo.push(Undo { subxact, key: key.into(), action: Action::Restore(held.current) });
         }
-        held.mark = new_mark;
-        Some(Ok(new_mark))
+        held.current = new;
+        Some(Ok(new))
     }
 
     /// Start holding a scope whose row was just locked in `subxact` and now
-    /// stores `stored`; `mark` may already be past it.
-    pub fn hold(&mut self, key: &[u8], subxact: u32, stored: i64, mark: i64) -> Result<(), LimitReached> {
+    /// stores `stored`; `current` may already differ from it.
+    pub fn hold(&mut self, key: &[u8], subxact: u32, stored: Mark, current: Mark) -> Result<(), LimitReached> {
         let nested = subxact != TOP_LEVEL;
         self.check_room(1 + usize::from(nested))?;
         let mut levels = Vec::new();
@@ -148,7 +150,7 @@ impl LocalMarks {
             levels.push(subxact);
             self.undo.push(Undo { subxact, key: key.into(), action: Action::Forget });
         }
-        self.held.insert(key.into(), Held { stored, mark, levels });
+        self.held.insert(key.into(), Held { stored, current, levels });
         Ok(())
     }
 
@@ -191,10 +193,10 @@ impl LocalMarks {
         while self.undo.last().is_some_and(|u| u.subxact == my) {
             let entry = self.undo.pop().expect("checked");
             match entry.action {
-                Action::Restore(mark) => {
+                Action::Restore(before) => {
                     let held = self.held.get_mut(&entry.key).expect("an undo entry's scope is held");
                     held.levels.pop();
-                    held.mark = mark;
+                    held.current = before;
                 }
                 Action::Forget => {
                     self.held.remove(&entry.key);
@@ -203,9 +205,9 @@ impl LocalMarks {
         }
     }
 
-    /// Scopes whose mark moved since their row was written: (key, mark).
-    pub fn dirty(&self) -> impl Iterator<Item = (&[u8], i64)> {
-        self.held.iter().filter(|(_, h)| h.mark != h.stored).map(|(k, h)| (&k[..], h.mark))
+    /// Scopes whose mark or limit changed since their row was written.
+    pub fn dirty(&self) -> impl Iterator<Item = (&[u8], Mark)> {
+        self.held.iter().filter(|(_, h)| h.current != h.stored).map(|(k, h)| (&k[..], h.current))
     }
 
     /// Forget scopes the caller says no longer exist (their table was
@@ -242,18 +244,24 @@ impl LocalMarks {
 mod tests {
     use super::*;
 
+    use crate::counter::NO_LIMIT;
+
     const K: &[u8] = b"q\0d";
     const J: &[u8] = b"q\0e";
 
+    fn at(mark: i64) -> Mark {
+        Mark { mark, limit: NO_LIMIT }
+    }
+
     /// Take one value from a held scope in `subxact`.
     fn take(m: &mut LocalMarks, key: &[u8], subxact: u32) -> i64 {
-        m.update(key, subxact, |mark| Ok::<_, LimitReached>(mark + 1)).expect("held").unwrap()
+        m.update(key, subxact, |c| Ok::<_, LimitReached>(at(c.mark + 1))).expect("held").unwrap().mark
     }
 
     #[test]
     fn an_aborted_savepoint_restores_and_a_committed_one_keeps() {
         let mut m = LocalMarks::default();
-        m.hold(K, TOP_LEVEL, 1, 1).unwrap();
+        m.hold(K, TOP_LEVEL, at(1), at(1)).unwrap();
         take(&mut m, K, 2);
         take(&mut m, K, 2);
         m.abort_sub(2);
@@ -265,9 +273,19 @@ mod tests {
     }
 
     #[test]
+    fn a_limit_set_in_an_aborted_savepoint_is_restored_with_the_mark() {
+        let mut m = LocalMarks::default();
+        m.hold(K, TOP_LEVEL, at(3), at(3)).unwrap();
+        m.update(K, 2, |c| Ok::<_, LimitReached>(Mark { mark: c.mark, limit: 10 })).unwrap().unwrap();
+        assert_eq!(m.dirty().collect::<Vec<_>>(), vec![(K, Mark { mark: 3, limit: 10 })], "a new limit is written at commit");
+        m.abort_sub(2);
+        assert_eq!(m.dirty().count(), 0, "the old limit is back, nothing to write");
+    }
+
+    #[test]
     fn a_scope_first_locked_in_an_aborted_savepoint_is_forgotten() {
         let mut m = LocalMarks::default();
-        m.hold(K, 2, 5, 5).unwrap();
+        m.hold(K, 2, at(5), at(5)).unwrap();
         take(&mut m, K, 2);
         m.abort_sub(2);
         assert_eq!(m.mark(K), None);
@@ -277,7 +295,7 @@ mod tests {
     #[test]
     fn a_committed_child_merges_into_a_parent_that_has_an_older_value() {
         let mut m = LocalMarks::default();
-        m.hold(K, TOP_LEVEL, 1, 1).unwrap();
+        m.hold(K, TOP_LEVEL, at(1), at(1)).unwrap();
         take(&mut m, K, 2); // parent 2 records 1
         take(&mut m, K, 3); // child 3 records 2
         m.commit_sub(3, 2);
@@ -289,7 +307,7 @@ mod tests {
     #[test]
     fn a_committed_child_whose_parent_has_no_entry_hands_its_entry_up() {
         let mut m = LocalMarks::default();
-        m.hold(K, TOP_LEVEL, 1, 1).unwrap();
+        m.hold(K, TOP_LEVEL, at(1), at(1)).unwrap();
         take(&mut m, K, 4); // grandchild of 2, child of 3; only 4 changes K
         m.commit_sub(4, 3);
         take(&mut m, K, 3); // already logged at 3 by the merge: no new entry
@@ -301,7 +319,7 @@ mod tests {
     #[test]
     fn forget_entries_travel_up_and_forget_at_the_parent_abort() {
         let mut m = LocalMarks::default();
-        m.hold(J, 3, 7, 7).unwrap();
+        m.hold(J, 3, at(7), at(7)).unwrap();
         take(&mut m, J, 3);
         m.commit_sub(3, 2);
         assert_eq!(m.mark(J), Some(8));
@@ -313,7 +331,7 @@ mod tests {
     fn a_million_exception_blocks_inside_one_keep_one_entry() {
         // DO $$ BEGIN BEGIN LOOP BEGIN next_scoped_id(); EXCEPTION ... END; END LOOP; ... $$
         let mut m = LocalMarks::default();
-        m.hold(K, 2, 0, 1).unwrap();
+        m.hold(K, 2, at(0), at(1)).unwrap();
         for sub in 3..1_000_003u32 {
             take(&mut m, K, sub);
             m.commit_sub(sub, 2);
@@ -329,7 +347,7 @@ mod tests {
         // SAVEPOINT s1; take; SAVEPOINT s2; take; ... then COMMIT.
         let n = 200_000u32;
         let mut m = LocalMarks::default();
-        m.hold(K, 2, 0, 1).unwrap();
+        m.hold(K, 2, at(0), at(1)).unwrap();
         for sub in 3..n {
             take(&mut m, K, sub);
         }
@@ -348,12 +366,12 @@ mod tests {
     #[test]
     fn the_limit_refuses_a_new_scope_or_entry_and_changes_nothing() {
         let mut m = LocalMarks::new(3);
-        m.hold(K, TOP_LEVEL, 0, 1).unwrap();
-        m.hold(J, 2, 0, 1).unwrap(); // scope + forget entry: 3
+        m.hold(K, TOP_LEVEL, at(0), at(1)).unwrap();
+        m.hold(J, 2, at(0), at(1)).unwrap(); // scope + forget entry: 3
         assert_eq!(m.room_for_new_scope(TOP_LEVEL), Err(LimitReached { limit: 3 }));
-        assert_eq!(m.update(K, 2, |_| Ok(2)), Some(Err(LimitReached { limit: 3 })));
+        assert_eq!(m.update(K, 2, |_| Ok(at(2))), Some(Err(LimitReached { limit: 3 })));
         assert_eq!(m.update(J, 2, |_| Err(LimitReached { limit: 0 })), Some(Err(LimitReached { limit: 0 })), "a refused change");
-        assert_eq!(m.update(b"not held", 2, |_| Ok::<_, LimitReached>(1)), None);
+        assert_eq!(m.update(b"not held", 2, |_| Ok::<_, LimitReached>(at(1))), None);
         assert_eq!(m.mark(K), Some(1), "a refused change changes nothing");
         take(&mut m, K, TOP_LEVEL); // the top level needs no entry
         assert_eq!(m.mark(K), Some(2));
@@ -363,7 +381,7 @@ mod tests {
     fn clearing_after_a_large_transaction_gives_memory_back() {
         let mut m = LocalMarks::default();
         for i in 0..10_000u32 {
-            m.hold(&i.to_le_bytes(), TOP_LEVEL, 0, 1).unwrap();
+            m.hold(&i.to_le_bytes(), TOP_LEVEL, at(0), at(1)).unwrap();
         }
         assert!(m.capacity() >= 10_000);
         m.clear();
@@ -373,10 +391,10 @@ mod tests {
     #[test]
     fn dirty_lists_only_moved_marks_and_forget_where_drops_scopes_and_entries() {
         let mut m = LocalMarks::default();
-        m.hold(K, TOP_LEVEL, 3, 3).unwrap();
-        m.hold(J, 2, 1, 4).unwrap();
+        m.hold(K, TOP_LEVEL, at(3), at(3)).unwrap();
+        m.hold(J, 2, at(1), at(4)).unwrap();
         let dirty: Vec<_> = m.dirty().collect();
-        assert_eq!(dirty, vec![(J, 4)]);
+        assert_eq!(dirty, vec![(J, at(4))]);
         m.forget_where(|k| k == J);
         assert_eq!(m.mark(J), None);
         assert_eq!(m.undo.len(), 0);

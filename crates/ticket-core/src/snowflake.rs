@@ -68,6 +68,8 @@ pub enum SnowflakeError {
     MachineOutOfRange(i64),
     #[error("{0} is not a snowflake ID: snowflake IDs are never negative")]
     NegativeId(i64),
+    #[error("{unix_ms} ms since 1970 is outside the snowflake time range: from the epoch ({epoch_ms}) for {MAX_TIMESTAMP_MS} ms")]
+    TimeOutOfRange { unix_ms: i64, epoch_ms: i64 },
 }
 
 /// The ID for `parts`. Parts must already be in range (the generator
@@ -91,6 +93,21 @@ pub fn decompose(id: i64) -> Result<Parts, SnowflakeError> {
         machine_id: ((id >> SEQUENCE_BITS) & u64::from(MAX_MACHINE_ID)) as u16,
         sequence: (id & u64::from(MAX_SEQUENCE)) as u16,
     })
+}
+
+/// The lowest and highest ID any machine can have in the millisecond
+/// `unix_ms` (machine 0 sequence 0; machine 1023 sequence 4095), so that
+/// `id BETWEEN min AND max` over a time range is an index range scan.
+pub fn id_range_of_millisecond(unix_ms: i64, epoch_unix_ms: i64) -> Result<(i64, i64), SnowflakeError> {
+    let millis = unix_ms
+        .checked_sub(epoch_unix_ms)
+        .and_then(|ms| u64::try_from(ms).ok())
+        .filter(|ms| *ms <= MAX_TIMESTAMP_MS)
+        .ok_or(SnowflakeError::TimeOutOfRange { unix_ms, epoch_ms: epoch_unix_ms })?;
+    Ok((
+        compose(Parts { millis, machine_id: 0, sequence: 0 }),
+        compose(Parts { millis, machine_id: MAX_MACHINE_ID, sequence: MAX_SEQUENCE }),
+    ))
 }
 
 pub fn check_machine_id(machine_id: i64) -> Result<u16, SnowflakeError> {
@@ -179,11 +196,44 @@ pub struct SharedState {
     loaded: AtomicBool,
     /// Guards loading and writing the durable mark.
     busy: AtomicBool,
+    /// Waits since start, for monitoring: a full millisecond (4 096 IDs)
+    /// and a clock step back waited out.
+    waits_full_millisecond: AtomicU64,
+    waits_clock_back: AtomicU64,
+}
+
+/// What the generator has done since start, for `pgticket.status`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Activity {
+    /// Last issued timestamp, ms since the epoch (None: nothing issued or
+    /// reserved yet).
+    pub last_millis: Option<u64>,
+    /// The durable mark, ms since the epoch (None: not loaded or written yet).
+    pub reserved_until_millis: Option<u64>,
+    pub waits_full_millisecond: u64,
+    pub waits_clock_back: u64,
 }
 
 impl SharedState {
     pub fn last_state(&self) -> u64 {
         self.last.load(Ordering::Acquire)
+    }
+
+    pub fn activity(&self) -> Activity {
+        let last = self.last.load(Ordering::Acquire);
+        let reserved = self.reserved_until.load(Ordering::Acquire);
+        Activity {
+            last_millis: (last != 0).then_some(last >> SEQUENCE_BITS),
+            reserved_until_millis: (reserved != 0).then_some(reserved),
+            waits_full_millisecond: self.waits_full_millisecond.load(Ordering::Relaxed),
+            waits_clock_back: self.waits_clock_back.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Zero the wait counters (the admin's reset).
+    pub fn reset_counters(&self) {
+        self.waits_full_millisecond.store(0, Ordering::Relaxed);
+        self.waits_clock_back.store(0, Ordering::Relaxed);
     }
 }
 
@@ -342,7 +392,15 @@ pub fn next_id(
                     }));
                 }
             }
-            Step::WaitUntil(target_ms) => clock.pause(target_ms.saturating_sub(now_ms).max(1)),
+            Step::WaitUntil(target_ms) => {
+                let counter = if now_ms < last >> SEQUENCE_BITS {
+                    &shared.waits_clock_back
+                } else {
+                    &shared.waits_full_millisecond
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                clock.pause(target_ms.saturating_sub(now_ms).max(1))
+            }
             Step::Refuse { behind_ms } => return Err(SnowflakeError::ClockBehind { behind_ms, allowed_ms: max_wait_ms }),
         }
     }
@@ -473,6 +531,35 @@ mod tests {
         }
         assert_eq!(compose(Parts { millis: MAX_TIMESTAMP_MS, machine_id: MAX_MACHINE_ID, sequence: MAX_SEQUENCE }), i64::MAX);
         assert_eq!(decompose(-1), Err(SnowflakeError::NegativeId(-1)));
+    }
+
+    #[test]
+    fn the_id_range_of_a_millisecond_spans_every_machine_and_sequence() {
+        let (min, max) = id_range_of_millisecond(EPOCH + 24_000_000_000, EPOCH).unwrap();
+        assert_eq!(min, 24_000_000_000i64 << 22);
+        assert_eq!(max, (24_000_000_000i64 << 22) | (1023 << 12) | 4095);
+        assert_eq!(max + 1, (24_000_000_001i64 << 22), "ranges of consecutive milliseconds touch");
+        assert_eq!(id_range_of_millisecond(EPOCH, EPOCH).unwrap().0, 0);
+        assert_eq!(id_range_of_millisecond(EPOCH + MAX_TIMESTAMP_MS as i64, EPOCH).unwrap().1, i64::MAX);
+        for outside in [EPOCH - 1, EPOCH + MAX_TIMESTAMP_MS as i64 + 1, i64::MIN] {
+            assert!(matches!(id_range_of_millisecond(outside, EPOCH), Err(SnowflakeError::TimeOutOfRange { .. })), "{outside}");
+        }
+    }
+
+    #[test]
+    fn waits_are_counted_by_cause() {
+        let state = SharedState::default();
+        let clock = FakeClock::at(5000);
+        for _ in 0..4097 {
+            gen(&state, &clock).unwrap();
+        }
+        clock.set(5001 - 10);
+        gen(&state, &clock).unwrap();
+        let a = state.activity();
+        assert_eq!((a.waits_full_millisecond, a.waits_clock_back), (1, 1));
+        assert_eq!(a.last_millis, Some(5001));
+        state.reset_counters();
+        assert_eq!(state.activity().waits_full_millisecond, 0);
     }
 
     #[test]

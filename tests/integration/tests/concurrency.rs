@@ -188,3 +188,49 @@ fn repeatable_read_on_a_scope_created_concurrently_fails_cleanly() {
     let err = rr.query_one("SELECT next_scoped_id('rr-new', 'x')", &[]).unwrap_err();
     assert_eq!(sqlstate(&err), "40001", "{err}");
 }
+
+#[test]
+fn eight_clients_inserting_through_the_trigger_number_one_shop_without_gaps() {
+    let c = cluster();
+    c.connect()
+        .batch_execute(
+            "CREATE TABLE trigger_invoice (shop text NOT NULL, no bigint, total int);
+             CREATE TRIGGER number_invoices BEFORE INSERT ON trigger_invoice
+                 FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'shop', 'invoice');",
+        )
+        .unwrap();
+    let per_client = 200;
+    std::thread::scope(|s| {
+        for _ in 0..CLIENTS {
+            s.spawn(|| {
+                let mut client = c.connect();
+                let mut rng = rand::thread_rng();
+                for _ in 0..per_client {
+                    let mut tx = client.transaction().unwrap();
+                    // One to three rows per transaction, some in another
+                    // shop; shops in one order, as an application that
+                    // avoids deadlocks would insert them.
+                    let mut shops: Vec<&str> =
+                        (0..rng.gen_range(1..=3)).map(|_| if rng.gen_bool(0.8) { "shop-1" } else { "shop-2" }).collect();
+                    shops.sort_unstable();
+                    for shop in shops {
+                        tx.execute("INSERT INTO trigger_invoice (shop, total) VALUES ($1, 1)", &[&shop]).unwrap();
+                    }
+                    if rng.gen_bool(0.3) {
+                        tx.rollback().unwrap();
+                    } else {
+                        tx.commit().unwrap();
+                    }
+                }
+            });
+        }
+    });
+    let mut client = c.connect();
+    for shop in ["shop-1", "shop-2"] {
+        let numbers: Vec<i64> =
+            client.query("SELECT no FROM trigger_invoice WHERE shop = $1 ORDER BY no", &[&shop]).unwrap().iter().map(|r| r.get(0)).collect();
+        let n = numbers.len() as i64;
+        assert!(n > 0, "{shop} has rows");
+        assert_eq!(numbers, (1..=n).collect::<Vec<_>>(), "{shop}: committed rows numbered exactly 1..N");
+    }
+}

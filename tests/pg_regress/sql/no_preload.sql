@@ -10,3 +10,7 @@ SELECT * FROM snowflake_decode(1);
 \echo :LAST_ERROR_SQLSTATE
 -- The session settings exist without preloading.
 SHOW pg_ticket.durable_commit;
+-- Time ranges read the epoch too; the status view says what it can.
+SELECT snowflake_min_id(now());
+\echo :LAST_ERROR_SQLSTATE
+SELECT preloaded, epoch, machine_id, refusals_overflow FROM pgticket.status;

@@ -1,0 +1,164 @@
+//! `assign_scoped_id()`: per-row scopes, which a column `DEFAULT` cannot
+//! express (it cannot read other columns).
+//!
+//! ```sql
+//! CREATE TRIGGER number_invoices BEFORE INSERT ON invoice FOR EACH ROW
+//!     EXECUTE FUNCTION assign_scoped_id('no', 'shop', 'invoice');              -- domain 'invoice'
+//! CREATE TRIGGER number_invoices BEFORE INSERT ON invoice FOR EACH ROW
+//!     EXECUTE FUNCTION assign_scoped_id('no', 'shop', 'column', 'fiscal_year'); -- domain from a column
+//! ```
+//!
+//! Sets the id column to `next_scoped_id(<queue column as text>, <domain>)`
+//! when it is NULL and leaves a given value alone. It calls the allocator
+//! directly, so it is transactional and gap-free like `next_scoped_id`.
+//! Columns are resolved by name on every row: a misnamed or mistyped column
+//! fails at the first row, with 42703 or 42804.
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::PgTupleDesc;
+use std::ffi::{c_char, CStr, CString};
+
+use super::{take, Kind};
+use crate::errors::{postgres_errors_as_raised, OrRaise, TicketError};
+use crate::names::Name;
+use ticket_core::counter::check_name;
+
+/// Where the domain comes from.
+enum Domain {
+    Literal(CString),
+    Column(CString),
+}
+
+struct Arguments {
+    id_column: CString,
+    queue_column: CString,
+    domain: Domain,
+}
+
+const USAGE: &str = "assign_scoped_id(id_column, queue_column, domain) or assign_scoped_id(id_column, queue_column, 'column', domain_column)";
+
+fn arguments(trigger: &pg_sys::Trigger) -> Arguments {
+    let args: Vec<CString> = (0..trigger.tgnargs as usize)
+        .map(|i| unsafe { CStr::from_ptr(*trigger.tgargs.add(i)) }.to_owned())
+        .collect();
+    let bad = || TicketError::TriggerMisuse(format!("the trigger's arguments are {USAGE}")).raise();
+    match args.as_slice() {
+        [id, queue, domain] => Arguments { id_column: id.clone(), queue_column: queue.clone(), domain: Domain::Literal(domain.clone()) },
+        [id, queue, form, column] if form.as_bytes() == b"column" => {
+            Arguments { id_column: id.clone(), queue_column: queue.clone(), domain: Domain::Column(column.clone()) }
+        }
+        _ => bad(),
+    }
+}
+
+/// The attribute number of `column` in the table, or 42703.
+fn attnum(tupdesc: pg_sys::TupleDesc, column: &CStr, table: &str) -> i32 {
+    let n = unsafe { pg_sys::SPI_fnumber(tupdesc, column.as_ptr()) };
+    if n <= 0 {
+        TicketError::NoSuchColumn { column: column.to_string_lossy().into_owned(), table: table.to_owned() }.raise();
+    }
+    n
+}
+
+/// The value of a column as the text its type prints, in the database's
+/// encoding (allocated in the trigger's memory context), or 22004 if NULL.
+fn column_text<'a>(values: &[pg_sys::Datum], nulls: &[bool], tupdesc: pg_sys::TupleDesc, n: i32, what: &'static str) -> Name<'a> {
+    let i = n as usize - 1;
+    if nulls[i] {
+        TicketError::NullArgument(what).raise();
+    }
+    let typid = unsafe { pg_sys::SPI_gettypeid(tupdesc, n) };
+    let (mut output, mut varlena) = (pg_sys::Oid::INVALID, false);
+    unsafe { pg_sys::getTypeOutputInfo(typid, &mut output, &mut varlena) };
+    let text: *mut c_char = unsafe { pg_sys::OidOutputFunctionCall(output, values[i]) };
+    Name(unsafe { CStr::from_ptr(text) }.to_bytes())
+}
+
+/// The id column's type, among those a counter can fill.
+#[derive(Clone, Copy)]
+enum IdType {
+    BigInt,
+    Integer,
+    SmallInt,
+    Numeric,
+}
+
+impl IdType {
+    /// The type of the id column (a domain counts as its base type), or 42804.
+    fn of(tupdesc: pg_sys::TupleDesc, n: i32, column: &CStr, table: &str) -> IdType {
+        match unsafe { pg_sys::getBaseType(pg_sys::SPI_gettypeid(tupdesc, n)) } {
+            pg_sys::INT8OID => IdType::BigInt,
+            pg_sys::INT4OID => IdType::Integer,
+            pg_sys::INT2OID => IdType::SmallInt,
+            pg_sys::NUMERICOID => IdType::Numeric,
+            other => TicketError::WrongColumnType {
+                column: column.to_string_lossy().into_owned(),
+                table: table.to_owned(),
+                type_name: unsafe { CStr::from_ptr(pg_sys::format_type_be(other)) }.to_string_lossy().into_owned(),
+            }
+            .raise(),
+        }
+    }
+
+    /// `value` as a datum of this type, or 22003 if it does not fit.
+    fn datum(self, value: i64, column: &CStr, table: &str) -> pg_sys::Datum {
+        let too_big = |type_name: &'static str| -> ! {
+            TicketError::ValueDoesNotFit { value, column: column.to_string_lossy().into_owned(), table: table.to_owned(), type_name }
+                .raise()
+        };
+        match self {
+            IdType::BigInt => pg_sys::Datum::from(value),
+            IdType::Integer => pg_sys::Datum::from(i32::try_from(value).unwrap_or_else(|_| too_big("integer"))),
+            IdType::SmallInt => pg_sys::Datum::from(i16::try_from(value).unwrap_or_else(|_| too_big("smallint"))),
+            IdType::Numeric => pg_sys::Datum::from(unsafe { pg_sys::int64_to_numeric(value) }),
+        }
+    }
+}
+
+#[pg_trigger]
+fn assign_scoped_id<'a>(trigger: &'a PgTrigger<'a>) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgTriggerError> {
+    postgres_errors_as_raised(|| {
+        let data = trigger.trigger_data();
+        let event = data.tg_event;
+        let row_before = event & pg_sys::TRIGGER_EVENT_ROW != 0 && event & pg_sys::TRIGGER_EVENT_TIMINGMASK == pg_sys::TRIGGER_EVENT_BEFORE;
+        let op = event & pg_sys::TRIGGER_EVENT_OPMASK;
+        if !row_before || !(op == pg_sys::TRIGGER_EVENT_INSERT || op == pg_sys::TRIGGER_EVENT_UPDATE) {
+            TicketError::TriggerMisuse("assign_scoped_id() must run BEFORE INSERT (or UPDATE) ... FOR EACH ROW".into()).raise();
+        }
+        let args = arguments(trigger.trigger());
+        let table = trigger.table_name().unwrap_or_default();
+        let tuple = if op == pg_sys::TRIGGER_EVENT_INSERT { data.tg_trigtuple } else { data.tg_newtuple };
+        let tupdesc = unsafe { (*data.tg_relation).rd_att };
+
+        let id_n = attnum(tupdesc, &args.id_column, &table);
+        let queue_n = attnum(tupdesc, &args.queue_column, &table);
+        let domain_n = match &args.domain {
+            Domain::Column(column) => Some(attnum(tupdesc, column, &table)),
+            Domain::Literal(_) => None,
+        };
+        let id_type = IdType::of(tupdesc, id_n, &args.id_column, &table);
+
+        let natts = unsafe { (*tupdesc).natts } as usize;
+        let mut values = vec![pg_sys::Datum::from(0); natts];
+        let mut nulls = vec![false; natts];
+        unsafe { pg_sys::heap_deform_tuple(tuple, tupdesc, values.as_mut_ptr(), nulls.as_mut_ptr()) };
+        if !nulls[id_n as usize - 1] {
+            // A given value is the caller's.
+            return Ok(Some(unsafe { PgHeapTuple::from_heap_tuple(PgTupleDesc::from_pg_unchecked(tupdesc), tuple) }));
+        }
+        let queue = column_text(&values, &nulls, tupdesc, queue_n, "the queue column");
+        let domain = match (&args.domain, domain_n) {
+            (_, Some(n)) => column_text(&values, &nulls, tupdesc, n, "the domain column"),
+            (Domain::Literal(text), None) => Name(text.as_bytes()),
+            (Domain::Column(_), None) => unreachable!("a domain column has an attribute number"),
+        };
+        check_name("queue", queue.bytes()).or_raise();
+        check_name("domain", domain.bytes()).or_raise();
+        let id = id_type.datum(take(Kind::Scope, queue, domain, 1).or_raise(), &args.id_column, &table);
+
+        let (column, is_null) = (id_n, false);
+        let modified = unsafe { pg_sys::heap_modify_tuple_by_cols(tuple, tupdesc, 1, &column as *const i32 as *mut i32, &id as *const _ as *mut _, &is_null as *const bool as *mut bool) };
+        Ok(Some(unsafe { PgHeapTuple::from_heap_tuple(PgTupleDesc::from_pg_unchecked(tupdesc), modified) }))
+    })
+}

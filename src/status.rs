@@ -1,0 +1,140 @@
+//! `pgticket.status`: what this server's pg_ticket is and has done since it
+//! started — the snowflake identity and clock, and counts of refusals and
+//! waits — for monitoring.
+//!
+//! Shared memory: one struct of atomic counters (relaxed increments, no
+//! lock; a reader may see one counter a moment ahead of another). The
+//! snowflake waits are counted by the generator itself
+//! (`ticket_core::snowflake::Activity`). A crash restart reinitialises shared
+//! memory, so "since start" means since the last start or crash restart.
+
+use pgrx::prelude::*;
+use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::errors::{postgres_errors_as_raised, TicketError};
+use crate::settings;
+use crate::snowflake;
+use ticket_core::counter::CounterError;
+use ticket_core::snowflake::{SnowflakeError, MAX_TIMESTAMP_MS};
+
+#[derive(Default)]
+pub struct Counters {
+    refusals_clock_behind: AtomicU64,
+    refusals_overflow: AtomicU64,
+    refusals_read_only: AtomicU64,
+    /// Unix ms of the last reset (0: none since start).
+    reset_at: AtomicI64,
+}
+
+// Atomics only: valid in shared memory across processes.
+unsafe impl PGRXSharedMemory for Counters {}
+
+static COUNTERS: PgAtomic<Counters> = unsafe { PgAtomic::new(c"pg_ticket_status") };
+
+pub fn init_shared_memory() {
+    pg_shmem_init!(COUNTERS);
+}
+
+/// Count a refusal about to be raised (only where the counters exist).
+pub fn count_refusal(error: &TicketError) {
+    if !settings::preloaded() {
+        return;
+    }
+    let c = COUNTERS.get();
+    let counter = match error {
+        TicketError::Snowflake(SnowflakeError::ClockBehind { .. }) => &c.refusals_clock_behind,
+        TicketError::Counter(CounterError::Overflow { .. }) => &c.refusals_overflow,
+        TicketError::ReadOnly { .. } => &c.refusals_read_only,
+        _ => return,
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+}
+
+fn now_unix_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
+/// PostgreSQL timestamps count microseconds from 2000-01-01.
+fn timestamp(unix_ms: i64) -> Option<TimestampWithTimeZone> {
+    TimestampWithTimeZone::try_from((unix_ms - 946_684_800_000) * 1000).ok()
+}
+
+const MS_PER_YEAR: f64 = 365.25 * 86_400_000.0;
+
+
+/// One row: this server's status (see the view `pgticket.status`). Without
+/// preloading only `preloaded` (false) is known.
+#[pg_extern(volatile, parallel_safe)]
+fn ticket_status() -> TableIterator<
+    'static,
+    (
+        name!(preloaded, bool),
+        name!(epoch, Option<TimestampWithTimeZone>),
+        name!(machine_id, Option<i32>),
+        name!(last_snowflake_at, Option<TimestampWithTimeZone>),
+        name!(reserved_until, Option<TimestampWithTimeZone>),
+        name!(years_left, Option<f64>),
+        name!(refusals_clock_behind, Option<i64>),
+        name!(refusals_overflow, Option<i64>),
+        name!(refusals_read_only, Option<i64>),
+        name!(waits_full_millisecond, Option<i64>),
+        name!(waits_clock_back, Option<i64>),
+        name!(reset_at, Option<TimestampWithTimeZone>),
+    ),
+> {
+    postgres_errors_as_raised(|| {
+        if !settings::preloaded() {
+            return TableIterator::once((false, None, None, None, None, None, None, None, None, None, None, None));
+        }
+        let epoch = settings::epoch_unix_ms();
+        let activity = snowflake::activity();
+        let c = COUNTERS.get();
+        let count = |a: &AtomicU64| Some(a.load(Ordering::Relaxed) as i64);
+        let since_epoch = now_unix_ms() - epoch;
+        let reset_at = c.reset_at.load(Ordering::Relaxed);
+        TableIterator::once((
+            true,
+            timestamp(epoch),
+            Some(i32::from(settings::machine_id())),
+            activity.last_millis.and_then(|ms| timestamp(epoch + ms as i64)),
+            activity.reserved_until_millis.and_then(|ms| timestamp(epoch + ms as i64)),
+            Some((MAX_TIMESTAMP_MS as i64 - since_epoch) as f64 / MS_PER_YEAR),
+            count(&c.refusals_clock_behind),
+            count(&c.refusals_overflow),
+            count(&c.refusals_read_only),
+            Some(activity.waits_full_millisecond as i64),
+            Some(activity.waits_clock_back as i64),
+            (reset_at != 0).then(|| timestamp(reset_at)).flatten(),
+        ))
+    })
+}
+
+/// Admin: zero the counters of `pgticket.status`.
+#[pg_extern(volatile, parallel_unsafe)]
+fn reset_ticket_status() {
+    postgres_errors_as_raised(|| {
+        if !settings::preloaded() {
+            TicketError::NotPreloaded("reset_ticket_status").raise();
+        }
+        let c = COUNTERS.get();
+        for counter in [&c.refusals_clock_behind, &c.refusals_overflow, &c.refusals_read_only] {
+            counter.store(0, Ordering::Relaxed);
+        }
+        snowflake::reset_counters();
+        c.reset_at.store(now_unix_ms(), Ordering::Relaxed);
+    })
+}
+
+extension_sql!(
+    r#"
+CREATE VIEW pgticket.status AS SELECT * FROM ticket_status();
+COMMENT ON VIEW pgticket.status IS
+    'pg_ticket on this server: snowflake identity and clock, refusals and waits since start';
+GRANT SELECT ON pgticket.status TO PUBLIC;
+REVOKE EXECUTE ON FUNCTION reset_ticket_status() FROM PUBLIC;
+"#,
+    name = "status_view",
+    requires = [ticket_status, reset_ticket_status, "schema"]
+);

@@ -1,0 +1,129 @@
+-- Helpers (SPEC §12): per-row scopes, time ranges on snowflake keys, 32-bit
+-- series, the status view.
+SET client_min_messages = warning;
+CREATE EXTENSION IF NOT EXISTS pg_ticket;
+RESET client_min_messages;
+\set VERBOSITY default
+
+-- Per-row scopes: invoices numbered per shop by a trigger.
+CREATE TABLE invoice_h (shop text, no bigint, total numeric);
+CREATE TRIGGER number_invoices BEFORE INSERT ON invoice_h
+    FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'shop', 'invoice');
+INSERT INTO invoice_h (shop, total) VALUES ('shop-1', 10), ('shop-2', 20), ('shop-1', 30);
+-- A given number is left alone.
+INSERT INTO invoice_h (shop, no, total) VALUES ('shop-1', 1000, 5);
+INSERT INTO invoice_h (shop, total) SELECT 'shop-2', g FROM generate_series(1, 3) g;
+COPY invoice_h (shop, total) FROM stdin;
+shop-3	1
+shop-1	2
+\.
+SELECT shop, no, total FROM invoice_h ORDER BY shop, no;
+-- A failed multi-row INSERT gives its numbers back.
+INSERT INTO invoice_h (shop, total) VALUES ('shop-1', 1), ('shop-1', 1/0);
+INSERT INTO invoice_h (shop, total) VALUES ('shop-1', 7) RETURNING shop, no;
+-- A NULL queue value.
+INSERT INTO invoice_h (shop, total) VALUES (NULL, 1);
+\echo :LAST_ERROR_SQLSTATE
+
+-- The domain from a column (per shop per fiscal year); integer ids; the
+-- queue column an integer, numbered by its text.
+CREATE TABLE invoice_y (shop int, fiscal_year int, no integer);
+CREATE TRIGGER number_per_year BEFORE INSERT ON invoice_y
+    FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'shop', 'column', 'fiscal_year');
+INSERT INTO invoice_y (shop, fiscal_year) VALUES (17, 2026), (17, 2026), (17, 2027), (18, 2026);
+SELECT shop, fiscal_year, no FROM invoice_y ORDER BY shop, fiscal_year, no;
+SELECT queue, domain, mark FROM pgticket.marks WHERE queue IN ('17', '18') ORDER BY queue, domain;
+INSERT INTO invoice_y (shop, fiscal_year) VALUES (17, NULL);
+\echo :LAST_ERROR_SQLSTATE
+
+-- A misdefined trigger fails at the first row.
+CREATE TABLE bad_h (shop text, no text);
+CREATE TRIGGER misnamed BEFORE INSERT ON bad_h FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('number', 'shop', 'd');
+INSERT INTO bad_h (shop) VALUES ('x');
+\echo :LAST_ERROR_SQLSTATE
+DROP TRIGGER misnamed ON bad_h;
+CREATE TRIGGER mistyped BEFORE INSERT ON bad_h FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'shop', 'd');
+INSERT INTO bad_h (shop) VALUES ('x');
+\echo :LAST_ERROR_SQLSTATE
+DROP TRIGGER mistyped ON bad_h;
+CREATE TRIGGER too_few BEFORE INSERT ON bad_h FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'shop');
+INSERT INTO bad_h (shop) VALUES ('x');
+\echo :LAST_ERROR_SQLSTATE
+DROP TRIGGER too_few ON bad_h;
+CREATE TRIGGER too_late AFTER INSERT ON invoice_h FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'shop', 'invoice');
+INSERT INTO invoice_h (shop, total) VALUES ('shop-9', 1);
+\echo :LAST_ERROR_SQLSTATE
+DROP TRIGGER too_late ON invoice_h;
+SELECT count(*) AS nothing_taken FROM pgticket.marks WHERE queue IN ('x', 'shop-9');
+
+-- Time ranges on snowflake keys: every machine's IDs of a millisecond.
+SELECT snowflake_min_id('2026-01-01 00:00:00+00') AS min_at_epoch,
+       snowflake_max_id('2026-01-01 00:00:00+00') AS max_at_epoch;
+SELECT snowflake_min_id('2026-03-01 12:00:00.001+00') = snowflake_max_id('2026-03-01 12:00:00+00') + 1 AS consecutive_ms_touch,
+       snowflake_min_id('2026-03-01 12:00:00.0009+00') = snowflake_min_id('2026-03-01 12:00:00+00') AS rounded_down;
+SELECT snowflake_min_id('2025-12-31 23:59:59.999+00');
+\echo :LAST_ERROR_SQLSTATE
+SELECT snowflake_max_id('infinity');
+\echo :LAST_ERROR_SQLSTATE
+SELECT proname, provolatile FROM pg_proc
+ WHERE proname IN ('snowflake_decode', 'snowflake_min_id', 'snowflake_max_id') ORDER BY proname;
+CREATE TABLE event_h (id bigint PRIMARY KEY DEFAULT snowflake_id(), what text);
+INSERT INTO event_h (what) SELECT 'e' || g FROM generate_series(1, 100) g;
+SELECT count(*) AS in_the_last_hour FROM event_h
+ WHERE id BETWEEN snowflake_min_id(now() - interval '1 hour') AND snowflake_max_id(clock_timestamp());
+SET enable_seqscan = off;
+EXPLAIN (COSTS OFF) SELECT * FROM event_h
+ WHERE id BETWEEN snowflake_min_id('2026-11-01') AND snowflake_max_id('2026-11-30');
+RESET enable_seqscan;
+
+-- 32-bit series: a ceiling per scope.
+SELECT set_scoped_limit('t32', 'd', 3);
+SELECT next_scoped_id('t32', 'd') FROM generate_series(1, 3);
+SELECT next_scoped_id('t32', 'd');
+\echo :LAST_ERROR_SQLSTATE
+SELECT current_scoped_id('t32', 'd') AS mark_stays;
+SELECT set_scoped_limit('t32', 'd', 2);
+\echo :LAST_ERROR_SQLSTATE
+SELECT set_scoped_limit('t32', 'd', 2147483647);
+SELECT next_scoped_id('t32', 'd');
+SELECT advance_scoped_id('t32', 'd', 2147483648);
+\echo :LAST_ERROR_SQLSTATE
+-- A limit set in a rolled-back savepoint goes with it.
+BEGIN;
+SAVEPOINT s;
+SELECT set_scoped_limit('t32', 'd', 5);
+ROLLBACK TO SAVEPOINT s;
+SELECT next_scoped_id('t32', 'd'), next_scoped_id('t32', 'd');
+COMMIT;
+SELECT kind, queue, domain, mark, remaining, max_mark FROM pgticket.marks WHERE queue = 't32';
+-- Blocks too.
+SELECT set_block_limit('b32', 10);
+SELECT * FROM reserve_block('b32', 6);
+SELECT * FROM reserve_block('b32', 6);
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM reserve_block('b32', 4);
+-- An integer column fed by a limited series never overflows it.
+CREATE TABLE small_h (k text, no integer);
+CREATE TRIGGER number_small BEFORE INSERT ON small_h FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'k', 'small');
+SELECT advance_scoped_id('big', 'small', 2147483647);
+INSERT INTO small_h (k) VALUES ('big');
+\echo :LAST_ERROR_SQLSTATE
+
+-- Status: readable by everyone.
+SELECT preloaded, machine_id, epoch = '2026-01-01 00:00:00+00' AS default_epoch,
+       years_left BETWEEN 60 AND 69.8 AS years_left_ok, last_snowflake_at > now() - interval '1 minute' AS recent,
+       reserved_until >= last_snowflake_at AS reserved_ahead, refusals_overflow >= 2 AS overflows_counted
+  FROM pgticket.status;
+CREATE ROLE status_reader;
+SET ROLE status_reader;
+SELECT preloaded FROM pgticket.status;
+SELECT reset_ticket_status();
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+SELECT reset_ticket_status();
+SELECT refusals_overflow, refusals_clock_behind, refusals_read_only, reset_at IS NOT NULL AS was_reset FROM pgticket.status;
+BEGIN READ ONLY;
+SELECT next_scoped_id('t32', 'd');
+ROLLBACK;
+SELECT refusals_read_only FROM pgticket.status;
+DROP ROLE status_reader;
