@@ -5,3 +5,4 @@ pub mod counter;
 pub mod epoch;
 pub mod local_marks;
 pub mod snowflake;
+pub mod tickets;
