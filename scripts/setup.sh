@@ -12,7 +12,7 @@ SUDO=""
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 packages=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 libclang-dev clang sudo faketime
-          python3-venv dpkg-dev)
+          python3-venv dpkg-dev acl)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

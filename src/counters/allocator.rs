@@ -130,7 +130,7 @@ fn update_row(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> Result<Ma
     // backend-local state does not know of.
     STATE.with(|s| {
         let mut s = s.borrow_mut();
-        s.marks.set_limit(settings::max_transaction_entries());
+        s.marks.set_max_entries(settings::max_transaction_entries());
         s.marks.room_for_new_scope(subxact)
     })?;
     register_callbacks();

@@ -12,7 +12,7 @@
 //! for the scope — instead of relabelled one by one and kept. So memory is
 //! bounded by the pairs that are open now, and every entry is touched a
 //! bounded number of times: both a loop of a million exception blocks and
-//! N nested savepoints stay linear. `limit` caps the total, because Rust
+//! N nested savepoints stay linear. `max_entries` caps the total, because Rust
 //! allocations are outside PostgreSQL's memory accounting and a failed one
 //! would abort the backend.
 //!
@@ -66,7 +66,7 @@ pub struct LocalMarks {
     /// Grouped by open subtransaction in nesting order: the innermost one's
     /// entries are at the end.
     undo: Vec<Undo>,
-    limit: usize,
+    max_entries: usize,
     /// Undo entries visited by `commit_sub`: the work the tests bound.
     #[cfg(test)]
     visited: usize,
@@ -79,25 +79,25 @@ impl Default for LocalMarks {
 }
 
 impl LocalMarks {
-    pub fn new(limit: usize) -> Self {
+    pub fn new(max_entries: usize) -> Self {
         LocalMarks {
             held: HashMap::new(),
             undo: Vec::new(),
-            limit,
+            max_entries,
             #[cfg(test)]
             visited: 0,
         }
     }
 
-    pub fn set_limit(&mut self, limit: usize) {
-        self.limit = limit;
+    pub fn set_max_entries(&mut self, max_entries: usize) {
+        self.max_entries = max_entries;
     }
 
     pub fn is_empty(&self) -> bool {
         self.held.is_empty()
     }
 
-    /// Scopes held plus undo entries: what `limit` counts.
+    /// Scopes held plus undo entries: what `max_entries` counts.
     pub fn entries(&self) -> usize {
         self.held.len() + self.undo.len()
     }
@@ -108,8 +108,8 @@ impl LocalMarks {
     }
 
     fn check_room(&self, more: usize) -> Result<(), LimitReached> {
-        if self.entries() + more > self.limit {
-            return Err(LimitReached { limit: self.limit });
+        if self.entries() + more > self.max_entries {
+            return Err(LimitReached { limit: self.max_entries });
         }
         Ok(())
     }
@@ -123,15 +123,15 @@ impl LocalMarks {
         subxact: u32,
         change: impl FnOnce(Mark) -> Result<Mark, E>,
     ) -> Option<Result<Mark, E>> {
-        let (entries, limit) = (self.entries(), self.limit);
+        let (entries, max_entries) = (self.entries(), self.max_entries);
         let held = self.held.get_mut(key)?;
         let new = match change(held.current) {
             Ok(new) => new,
             Err(e) => return Some(Err(e)),
         };
         if subxact != TOP_LEVEL && held.levels.last() != Some(&subxact) {
-            if entries >= limit {
-                return Some(Err(LimitReached { limit }.into()));
+            if entries >= max_entries {
+                return Some(Err(LimitReached { limit: max_entries }.into()));
             }
             held.levels.push(subxact);
             self.undo.push(Undo { subxact, key: key.into(), action: Action::Restore(held.current) });
