@@ -19,13 +19,30 @@ ALTER TABLE pgticket.scoped_counters
 ALTER TABLE pgticket.blocks
     ADD COLUMN max_mark bigint NOT NULL DEFAULT 9223372036854775807,
     ADD CONSTRAINT blocks_mark_within_limit CHECK (mark <= max_mark);
+
+-- Tickets (next_ticket, advance_ticket, the ticket_cache view).
+CREATE TABLE pgticket.tickets (
+    queue  text COLLATE "C" NOT NULL,
+    domain text COLLATE "C" NOT NULL,
+    mark   bigint NOT NULL CHECK (mark >= 0),
+    ticket_offset integer NOT NULL,
+    ticket_increment integer NOT NULL,
+    PRIMARY KEY (queue, domain),
+    CONSTRAINT tickets_series CHECK (ticket_increment >= 1 AND ticket_offset BETWEEN 1 AND ticket_increment)
+);
+SELECT pg_catalog.pg_extension_config_dump('pgticket.tickets', '');
+REVOKE ALL ON pgticket.tickets FROM PUBLIC;
+
 CREATE OR REPLACE VIEW pgticket.marks AS
     SELECT 'scope'::text AS kind, queue, domain, NULL::text AS block_name, mark,
            max_mark - mark AS remaining, max_mark
       FROM pgticket.scoped_counters
     UNION ALL
     SELECT 'block'::text, NULL, NULL, name, mark, max_mark - mark, max_mark
-      FROM pgticket.blocks;
+      FROM pgticket.blocks
+    UNION ALL
+    SELECT 'ticket'::text, queue, domain, NULL, mark, 9223372036854775807 - mark, 9223372036854775807
+      FROM pgticket.tickets;
 COMMENT ON VIEW pgticket.marks IS
     'Every counter and block with its committed mark, its limit, and the values left before it';
 
@@ -98,3 +115,37 @@ COMMENT ON VIEW pgticket.status IS
     'pg_ticket on this server: snowflake identity and clock, refusals and waits since start';
 GRANT SELECT ON pgticket.status TO PUBLIC;
 REVOKE EXECUTE ON FUNCTION reset_ticket_status() FROM PUBLIC;
+
+-- Tickets: next_ticket, advance_ticket (admin), the cache view.
+CREATE FUNCTION "next_ticket"(
+	"queue" text,
+	"domain" text
+) RETURNS bigint
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'next_ticket_wrapper';
+CREATE FUNCTION "advance_ticket"(
+	"queue" text,
+	"domain" text,
+	"mark" bigint
+) RETURNS bigint
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'advance_ticket_wrapper';
+CREATE FUNCTION "ticket_cache"() RETURNS TABLE (
+	"queue" TEXT,
+	"domain" TEXT,
+	"next_value" bigint,
+	"cached_until" bigint,
+	"segment_size" bigint,
+	"refills" bigint,
+	"waits" bigint
+)
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'ticket_cache_wrapper';
+CREATE VIEW pgticket.ticket_cache AS SELECT * FROM ticket_cache();
+COMMENT ON VIEW pgticket.ticket_cache IS
+    'Ticket scopes of this database cached in shared memory: next value, end of the cached range, segment size, refills, waits';
+GRANT SELECT ON pgticket.ticket_cache TO PUBLIC;
+REVOKE EXECUTE ON FUNCTION advance_ticket(text, text, bigint) FROM PUBLIC;

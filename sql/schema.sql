@@ -24,11 +24,24 @@ CREATE TABLE pgticket.blocks (
     CONSTRAINT blocks_mark_within_limit CHECK (mark <= max_mark)
 );
 
+-- Tickets (0.2.0): the mark is the last value of the last segment reserved;
+-- the series (offset, increment) is the one the scope was created in.
+CREATE TABLE pgticket.tickets (
+    queue  text COLLATE "C" NOT NULL,
+    domain text COLLATE "C" NOT NULL,
+    mark   bigint NOT NULL CHECK (mark >= 0),
+    ticket_offset integer NOT NULL,
+    ticket_increment integer NOT NULL,
+    PRIMARY KEY (queue, domain),
+    CONSTRAINT tickets_series CHECK (ticket_increment >= 1 AND ticket_offset BETWEEN 1 AND ticket_increment)
+);
+
 -- pg_dump carries every mark, so a restore continues where the dump left off.
 SELECT pg_catalog.pg_extension_config_dump('pgticket.scoped_counters', '');
 SELECT pg_catalog.pg_extension_config_dump('pgticket.blocks', '');
+SELECT pg_catalog.pg_extension_config_dump('pgticket.tickets', '');
 
-REVOKE ALL ON pgticket.scoped_counters, pgticket.blocks FROM PUBLIC;
+REVOKE ALL ON pgticket.scoped_counters, pgticket.blocks, pgticket.tickets FROM PUBLIC;
 
 CREATE VIEW pgticket.marks AS
     SELECT 'scope'::text AS kind, queue, domain, NULL::text AS block_name, mark,
@@ -36,7 +49,10 @@ CREATE VIEW pgticket.marks AS
       FROM pgticket.scoped_counters
     UNION ALL
     SELECT 'block'::text, NULL, NULL, name, mark, max_mark - mark, max_mark
-      FROM pgticket.blocks;
+      FROM pgticket.blocks
+    UNION ALL
+    SELECT 'ticket'::text, queue, domain, NULL, mark, 9223372036854775807 - mark, 9223372036854775807
+      FROM pgticket.tickets;
 COMMENT ON VIEW pgticket.marks IS
     'Every counter and block with its committed mark, its limit, and the values left before it';
 

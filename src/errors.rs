@@ -6,6 +6,7 @@ use pgrx::pg_sys::panic::CaughtError;
 use ticket_core::counter::CounterError;
 use ticket_core::local_marks::LimitReached;
 use ticket_core::snowflake::SnowflakeError;
+use ticket_core::tickets::TicketsError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TicketError {
@@ -27,6 +28,10 @@ pub enum TicketError {
     TriggerMisuse(String),
     #[error("snowflake IDs have no infinite time")]
     InfiniteTime,
+    #[error(transparent)]
+    Tickets(#[from] TicketsError),
+    #[error("{0}")]
+    TicketsUnavailable(String),
     #[error("column {column:?} of table {table:?} does not exist (named in the trigger's arguments)")]
     NoSuchColumn { column: String, table: String },
     #[error("column {column:?} of table {table:?} is of type {type_name}; assign_scoped_id sets bigint, integer, smallint or numeric columns")]
@@ -51,6 +56,11 @@ impl TicketError {
                 SnowflakeError::MarkStore(_) | SnowflakeError::DamagedMark { .. } | SnowflakeError::MarkBusy { .. },
             ) => ERRCODE_IO_ERROR,
             TicketError::TooManyEntries(_) => ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            TicketError::Tickets(TicketsError::Overflow { .. }) => ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED,
+            TicketError::Tickets(TicketsError::BadSeries { .. }) => ERRCODE_INVALID_PARAMETER_VALUE,
+            TicketError::Tickets(TicketsError::OtherSeries { .. }) | TicketError::TicketsUnavailable(_) => {
+                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+            }
             TicketError::TriggerMisuse(_) => ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
             TicketError::NoSuchColumn { .. } => ERRCODE_UNDEFINED_COLUMN,
             TicketError::WrongColumnType { .. } => ERRCODE_DATATYPE_MISMATCH,

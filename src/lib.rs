@@ -6,6 +6,8 @@
 //!   savepoint undo, commit-time write-back, and the only table access.
 //! - `snowflake`: the shared-memory generator and the real clock; the layout
 //!   and clock rules live in the PostgreSQL-free `ticket-core` crate.
+//! - `tickets/`: `next_ticket()`: the scope cache in shared memory and the
+//!   per-database workers that reserve its segments.
 //! - `status`: the `pgticket.status` view and its shared-memory counters.
 //! - `names`: `text` arguments as the database's bytes (any encoding).
 //! - `xact`: what an allocation asks of the transaction (writable, durable).
@@ -21,6 +23,7 @@ mod names;
 mod settings;
 mod snowflake;
 mod status;
+mod tickets;
 mod xact;
 
 ::pgrx::pg_module_magic!(name, version);

@@ -19,6 +19,7 @@ use std::ffi::{c_char, c_void, CStr, CString};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use ticket_core::epoch::parse_epoch_ms;
 use ticket_core::snowflake::check_machine_id;
+use ticket_core::tickets::Series;
 
 const DEFAULT_EPOCH_UNIX_MS: i64 = 1_767_225_600_000;
 
@@ -26,12 +27,19 @@ static MACHINE_ID: GucSetting<i32> = GucSetting::<i32>::new(0);
 static EPOCH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"2026-01-01"));
 static DURABLE_COMMIT: GucSetting<bool> = GucSetting::<bool>::new(true);
 static MAX_TRANSACTION_ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(1_000_000);
+static TICKET_CACHE_SCOPES: GucSetting<i32> = GucSetting::<i32>::new(1024);
+static TICKET_STEP_MIN: GucSetting<i32> = GucSetting::<i32>::new(100);
+static TICKET_STEP_MAX: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+static TICKET_WAIT_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(5_000);
+static TICKET_INCREMENT: GucSetting<i32> = GucSetting::<i32>::new(1);
+static TICKET_OFFSET: GucSetting<i32> = GucSetting::<i32>::new(1);
 
 /// Set once in `_PG_init`; read on every `snowflake_id()` call, so kept as
 /// plain atomics rather than re-reading and re-parsing the settings.
 static PRELOADED: AtomicBool = AtomicBool::new(false);
 static EPOCH_UNIX_MS: AtomicI64 = AtomicI64::new(DEFAULT_EPOCH_UNIX_MS);
 static MACHINE: AtomicI64 = AtomicI64::new(0);
+static TICKET_SERIES: AtomicI64 = AtomicI64::new(1 << 32 | 1);
 
 pub fn init() {
     unsafe {
@@ -57,6 +65,16 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::default(),
     );
+    GucRegistry::define_int_guc(
+        c"pg_ticket.ticket_wait_timeout",
+        c"How long next_ticket() waits for a segment (first use of a scope, a burst) before failing with 55000.",
+        c"",
+        &TICKET_WAIT_TIMEOUT,
+        10,
+        3_600_000,
+        GucContext::Userset,
+        GucFlags::UNIT_MS,
+    );
     if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         return;
     }
@@ -65,6 +83,16 @@ pub fn init() {
         None => 0,
         Some(text) => parse_machine_id(&text).unwrap_or_else(|e| pgrx::error!("pg_ticket.machine_id: {e}")),
     };
+    // The ticket series is checked as a pair: offset within 1..=increment.
+    let ticket_increment = raw_int(c"pg_ticket.ticket_increment", 1);
+    let ticket_offset = raw_int(c"pg_ticket.ticket_offset", 1);
+    if let Err(e) = Series::new(ticket_offset, ticket_increment) {
+        pgrx::error!("pg_ticket.ticket_offset / pg_ticket.ticket_increment: {e}");
+    }
+    let ticket_cache_scopes = raw_int(c"pg_ticket.ticket_cache_scopes", 1024);
+    if !(16..=1_000_000).contains(&ticket_cache_scopes) {
+        pgrx::error!("pg_ticket.ticket_cache_scopes: {ticket_cache_scopes} is outside 16..1000000");
+    }
     let epoch_ms = match raw_setting(c"pg_ticket.epoch") {
         None => DEFAULT_EPOCH_UNIX_MS,
         // During preload an ERROR stops the server with this message, which
@@ -80,6 +108,56 @@ pub fn init() {
         0,
         i32::from(ticket_core::snowflake::MAX_MACHINE_ID),
         GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_ticket.ticket_cache_scopes",
+        c"Ticket scopes cached in shared memory; beyond it the least recently used is evicted (its cached rest is a gap).",
+        c"",
+        &TICKET_CACHE_SCOPES,
+        16,
+        1_000_000,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_ticket.ticket_increment",
+        c"This server hands out only tickets equal to pg_ticket.ticket_offset modulo this (Flickr's odd/even servers: 2).",
+        c"",
+        &TICKET_INCREMENT,
+        1,
+        1_000_000,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_ticket.ticket_offset",
+        c"The first ticket of every scope on this server, 1..pg_ticket.ticket_increment.",
+        c"",
+        &TICKET_OFFSET,
+        1,
+        1_000_000,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_ticket.ticket_step_min",
+        c"Fewest tickets a segment reserves.",
+        c"",
+        &TICKET_STEP_MIN,
+        1,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_ticket.ticket_step_max",
+        c"Most tickets a segment reserves: with two segments cached per scope, a crash loses at most twice this per cached scope.",
+        c"",
+        &TICKET_STEP_MAX,
+        1,
+        i32::MAX,
+        GucContext::Sighup,
         GucFlags::default(),
     );
     unsafe {
@@ -98,6 +176,8 @@ pub fn init() {
     }
 
     EPOCH_UNIX_MS.store(epoch_ms, Ordering::Relaxed);
+    TICKET_SERIES.store(ticket_increment << 32 | ticket_offset, Ordering::Relaxed);
+    crate::tickets::init_shared_memory(ticket_cache_scopes as usize);
     MACHINE.store(i64::from(machine_id), Ordering::Relaxed);
     PRELOADED.store(true, Ordering::Relaxed);
     crate::snowflake::init_shared_memory();
@@ -109,6 +189,18 @@ pub fn init() {
 fn raw_setting(name: &CStr) -> Option<String> {
     let value = unsafe { pg_sys::GetConfigOption(name.as_ptr(), true, false) };
     (!value.is_null()).then(|| unsafe { CStr::from_ptr(value) }.to_string_lossy().into_owned())
+}
+
+/// A whole-number setting's raw value, or `default`; a value that is not a
+/// whole number stops the server.
+fn raw_int(name: &CStr, default: i64) -> i64 {
+    match raw_setting(name) {
+        None => default,
+        Some(text) => text
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| pgrx::error!("{}: {text:?} is not a whole number", name.to_string_lossy())),
+    }
 }
 
 fn parse_machine_id(text: &str) -> Result<u16, String> {
@@ -153,4 +245,20 @@ pub fn durable_commit() -> bool {
 
 pub fn max_transaction_entries() -> usize {
     MAX_TRANSACTION_ENTRIES.get() as usize
+}
+
+/// This server's ticket series (offset, increment), fixed at start.
+pub fn ticket_series() -> Series {
+    let packed = TICKET_SERIES.load(Ordering::Relaxed);
+    Series { offset: packed & 0xffff_ffff, increment: packed >> 32 }
+}
+
+/// Segment size bounds (reloadable).
+pub fn ticket_step_bounds() -> (i64, i64) {
+    let min = i64::from(TICKET_STEP_MIN.get());
+    (min, i64::from(TICKET_STEP_MAX.get()).max(min))
+}
+
+pub fn ticket_wait_timeout() -> std::time::Duration {
+    std::time::Duration::from_millis(TICKET_WAIT_TIMEOUT.get() as u64)
 }

@@ -18,6 +18,7 @@ use crate::settings;
 use crate::snowflake;
 use ticket_core::counter::CounterError;
 use ticket_core::snowflake::{SnowflakeError, MAX_TIMESTAMP_MS};
+use ticket_core::tickets::TicketsError;
 
 #[derive(Default)]
 pub struct Counters {
@@ -45,7 +46,9 @@ pub fn count_refusal(error: &TicketError) {
     let c = COUNTERS.get();
     let counter = match error {
         TicketError::Snowflake(SnowflakeError::ClockBehind { .. }) => &c.refusals_clock_behind,
-        TicketError::Counter(CounterError::Overflow { .. }) => &c.refusals_overflow,
+        TicketError::Counter(CounterError::Overflow { .. }) | TicketError::Tickets(TicketsError::Overflow { .. }) => {
+            &c.refusals_overflow
+        }
         TicketError::ReadOnly { .. } => &c.refusals_read_only,
         _ => return,
     };

@@ -19,3 +19,4 @@ mod tables;
 mod trigger;
 
 pub use allocator::{advance, current, limit, take, Kind};
+pub use store::as_table_owner;

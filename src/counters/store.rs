@@ -115,6 +115,13 @@ fn with_statements<R>(kind: Kind, f: impl FnOnce(&mut SpiClient<'_>, &Statements
     })
 }
 
+/// Runs `f` as the owner of the extension's tables (the tickets table
+/// included), for table access on behalf of a caller without rights on them.
+pub fn as_table_owner<R>(f: impl FnOnce() -> R) -> R {
+    let _as_owner = AsUser::switch_to(tables::current().owner);
+    f()
+}
+
 /// Switches the current user for the statements, and back on drop (an
 /// ERROR's transaction abort also restores it).
 struct AsUser {

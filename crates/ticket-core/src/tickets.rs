@@ -17,15 +17,13 @@
 
 use thiserror::Error;
 
-#[derive(Debug, Error, PartialEq, Eq)]
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
 pub enum TicketsError {
     #[error("ticket offset {offset} and increment {increment} do not make a series: the increment must be at least 1 and the offset between 1 and the increment")]
     BadSeries { offset: i64, increment: i64 },
     #[error("this ticket scope was created with offset {created_offset} and increment {created_increment}, but this server hands out offset {offset} and increment {increment}")]
     OtherSeries { created_offset: i64, created_increment: i64, offset: i64, increment: i64 },
-    #[error("ticket mark {mark} is not a value of the series offset {offset}, increment {increment}")]
-    MarkOutsideSeries { mark: i64, offset: i64, increment: i64 },
-    #[error("a ticket segment of {size} values after {mark} would pass 9223372036854775807")]
+    #[error("no ticket is left above {mark}: tickets stop at 9223372036854775807")]
     Overflow { mark: i64, size: i64 },
 }
 
@@ -69,20 +67,19 @@ impl Series {
         Ok(())
     }
 
-    /// The `size` (≥ 1) values after `mark` (the last value reserved; 0:
-    /// none yet); the new mark is the segment's `last`.
+    /// Up to `size` (≥ 1) values of the series above `mark` (the last value
+    /// reserved, 0: none yet; a mark moved by an admin need not be in the
+    /// series); the new mark is the segment's `last`. Fewer at the top of
+    /// bigint; none past it (`Overflow`).
     pub fn segment_after(&self, mark: i64, size: i64) -> Result<Segment, TicketsError> {
-        let first = if mark == 0 {
-            self.offset
-        } else if self.contains(mark) {
-            mark.checked_add(self.increment).ok_or(TicketsError::Overflow { mark, size })?
-        } else {
-            return Err(TicketsError::MarkOutsideSeries { mark, offset: self.offset, increment: self.increment });
-        };
+        let overflow = TicketsError::Overflow { mark, size };
+        let above = mark.checked_add(1).ok_or(overflow.clone())?;
+        let first = above.checked_add((self.offset - above).rem_euclid(self.increment)).ok_or(overflow.clone())?;
+        // Near the top of bigint a segment is whatever is left of the series.
         let last = (size - 1)
             .checked_mul(self.increment)
             .and_then(|span| first.checked_add(span))
-            .ok_or(TicketsError::Overflow { mark, size })?;
+            .unwrap_or(first + (i64::MAX - first) / self.increment * self.increment);
         Ok(Segment { first, last })
     }
 }
@@ -124,6 +121,15 @@ impl Cache {
         let used = (next - segment.first) / series.increment + 1;
         let left = after.map_or(0, |after| (segment.last - after) / series.increment + 1);
         Take::Value { value: next, fetch_ahead: self.ahead.is_none() && used >= left }
+    }
+
+    /// The next value and the end of what is cached (for the view).
+    pub fn next_and_end(&self) -> Option<(i64, i64)> {
+        match (self.current, self.ahead) {
+            (Some((segment, next)), ahead) => Some((next, ahead.map_or(segment.last, |a| a.last))),
+            (None, Some(ahead)) => Some((ahead.first, ahead.last)),
+            (None, None) => None,
+        }
     }
 
     /// Values still cached, current and ahead.
@@ -200,10 +206,19 @@ mod tests {
         assert_eq!(one.segment_after(0, 100), Ok(Segment { first: 1, last: 100 }));
         assert_eq!(one.segment_after(100, 50), Ok(Segment { first: 101, last: 150 }));
         assert_eq!(one.segment_after(i64::MAX - 10, 10), Ok(Segment { first: i64::MAX - 9, last: i64::MAX }));
-        assert_eq!(one.segment_after(i64::MAX - 10, 11), Err(TicketsError::Overflow { mark: i64::MAX - 10, size: 11 }));
+        assert_eq!(one.segment_after(i64::MAX - 10, 100), Ok(Segment { first: i64::MAX - 9, last: i64::MAX }), "what is left");
+        let odd = Series::new(1, 2).unwrap();
+        assert_eq!(odd.segment_after(i64::MAX - 5, 100), Ok(Segment { first: i64::MAX - 4, last: i64::MAX }), "i64::MAX is odd");
+        let even = Series::new(2, 2).unwrap();
+        assert_eq!(even.segment_after(i64::MAX - 5, 100), Ok(Segment { first: i64::MAX - 5 + 2, last: i64::MAX - 1 }));
+        assert_eq!(even.segment_after(i64::MAX - 1, 1), Err(TicketsError::Overflow { mark: i64::MAX - 1, size: 1 }), "no even value left");
         assert_eq!(one.segment_after(i64::MAX, 1), Err(TicketsError::Overflow { mark: i64::MAX, size: 1 }));
         let even = Series::new(2, 2).unwrap();
-        assert_eq!(even.segment_after(7, 1), Err(TicketsError::MarkOutsideSeries { mark: 7, offset: 2, increment: 2 }));
+        assert_eq!(even.segment_after(7, 2), Ok(Segment { first: 8, last: 10 }), "a mark moved off the series: the next value of it");
+        assert_eq!(even.segment_after(8, 1), Ok(Segment { first: 10, last: 10 }));
+        let third = Series::new(3, 5).unwrap();
+        assert_eq!(third.segment_after(0, 2), Ok(Segment { first: 3, last: 8 }));
+        assert_eq!(third.segment_after(4, 1), Ok(Segment { first: 8, last: 8 }));
     }
 
     #[test]

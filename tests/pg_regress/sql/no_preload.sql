@@ -14,3 +14,6 @@ SHOW pg_ticket.durable_commit;
 SELECT snowflake_min_id(now());
 \echo :LAST_ERROR_SQLSTATE
 SELECT preloaded, epoch, machine_id, refusals_overflow FROM pgticket.status;
+-- Tickets live in shared memory.
+SELECT next_ticket('q', 'd');
+\echo :LAST_ERROR_SQLSTATE

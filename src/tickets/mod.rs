@@ -1,0 +1,344 @@
+//! Tickets (`next_ticket`): unique, never reused, per-scope numbers from
+//! shared memory, with gaps allowed (SPEC §7) — Flickr's ticket table and
+//! Leaf-segment inside the server.
+//!
+//! - `shmem`: the cache of scopes in shared memory (its module comment has
+//!   the locking rule) and the registry of workers.
+//! - `worker`: one background worker per database, started on demand, that
+//!   reserves segments in `pgticket.tickets` in its own durable commits.
+//! - this file: the SQL functions and a backend's path to a ticket: find
+//!   the scope's slot, take a value under the slot's spinlock, and wait for
+//!   the worker only when nothing is cached.
+//!
+//! What to hand out is decided in `ticket_core::tickets` (series, segments,
+//! double buffer, step). Touches `pgticket.tickets` only through the worker
+//! and `advance_ticket`.
+
+mod shmem;
+mod worker;
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::hash::{Hash, Hasher};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use crate::errors::{postgres_errors_as_raised, OrRaise, TicketError};
+use crate::names::Name;
+use crate::{settings, xact};
+use shmem::{Directory, Failure};
+use ticket_core::counter::check_name;
+use ticket_core::tickets::Take;
+
+
+pub fn init_shared_memory(nslots: usize) {
+    shmem::init(nslots);
+}
+
+/// Scope key as the slots store it: queue, NUL, domain (database bytes).
+fn encode(buf: &mut Vec<u8>, queue: Name<'_>, domain: Name<'_>) {
+    buf.clear();
+    buf.extend_from_slice(queue.bytes());
+    buf.push(0);
+    buf.extend_from_slice(domain.bytes());
+}
+
+fn split(key: &[u8]) -> (Name<'_>, Name<'_>) {
+    let nul = key.iter().position(|&b| b == 0).expect("a ticket key has a separator");
+    (Name(&key[..nul]), Name(&key[nul + 1..]))
+}
+
+fn hash_of(db: u32, key: &[u8]) -> u64 {
+    // DefaultHasher::new() has fixed keys: the same in every process.
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    db.hash(&mut h);
+    key.hash(&mut h);
+    h.finish()
+}
+
+/// Bound on the backend-local map of (slot, generation): a backend that
+/// touches more scopes just looks them up again.
+const LOCAL_MAX: usize = 10_000;
+
+/// A scope this backend found: its slot and the slot's generation then.
+struct Known {
+    db: u32,
+    key: Box<[u8]>,
+    slot: usize,
+    generation: u64,
+}
+
+thread_local! {
+    static KEY_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
+    /// By the scope's hash; a collision just makes the other scope look
+    /// itself up again. No allocation on a hit.
+    static KNOWN: RefCell<HashMap<u64, Known>> = RefCell::new(HashMap::new());
+}
+
+fn my_database() -> u32 {
+    unsafe { pg_sys::MyDatabaseId }.to_u32()
+}
+
+/// The slot of (db, key) and its generation: the backend's memory of it, or
+/// the directory's, or a slot given to it now (the least recently used one
+/// if none is free: its cached rest becomes a gap).
+fn locate(db: u32, hash: u64, key: &[u8]) -> (usize, u64) {
+    let known = KNOWN.with(|k| {
+        k.borrow().get(&hash).filter(|known| known.db == db && &*known.key == key).map(|known| (known.slot, known.generation))
+    });
+    if let Some(found) = known {
+        return found;
+    }
+    let found = find(db, hash, key, false).unwrap_or_else(|| find(db, hash, key, true).expect("an exclusive find always places the scope"));
+    KNOWN.with(|k| {
+        let mut k = k.borrow_mut();
+        if k.len() >= LOCAL_MAX {
+            k.clear();
+        }
+        k.insert(hash, Known { db, key: Box::from(key), slot: found.0, generation: found.1 });
+    });
+    found
+}
+
+fn forget(hash: u64) {
+    KNOWN.with(|k| k.borrow_mut().remove(&hash));
+}
+
+/// Scan the directory for (db, key); with `place`, under the exclusive lock,
+/// give it a slot if it has none.
+fn find(db: u32, hash: u64, key: &[u8], place: bool) -> Option<(usize, u64)> {
+    let _dir = Directory::lock(place);
+    let slots = shmem::slots();
+    let mut free = None;
+    let mut oldest: Option<(usize, u64)> = None;
+    for (i, slot) in slots.iter().enumerate() {
+        let g = slot.lock();
+        if g.matches(db, hash, key) {
+            return Some((i, slot.generation.load(Ordering::Acquire)));
+        }
+        if !g.in_use {
+            free.get_or_insert(i);
+        } else if oldest.is_none_or(|(_, used)| g.last_used < used) {
+            oldest = Some((i, g.last_used));
+        }
+    }
+    if !place {
+        return None;
+    }
+    let i = free.or(oldest.map(|(i, _)| i)).expect("the cache has at least 16 slots");
+    let slot = &slots[i];
+    let mut g = slot.lock();
+    g.reset();
+    g.in_use = true;
+    g.db = db;
+    g.hash = hash;
+    g.key_len = key.len() as u16;
+    g.key[..key.len()].copy_from_slice(key);
+    g.step = settings::ticket_step_bounds().0;
+    g.last_used = shmem::tick();
+    let generation = slot.generation.fetch_add(1, Ordering::AcqRel) + 1;
+    Some((i, generation))
+}
+
+fn raise(failure: Failure, queue: Name<'_>, domain: Name<'_>) -> ! {
+    let series = settings::ticket_series();
+    match failure {
+        Failure::OtherSeries { offset, increment } => TicketError::Tickets(ticket_core::tickets::TicketsError::OtherSeries {
+            created_offset: offset,
+            created_increment: increment,
+            offset: series.offset,
+            increment: series.increment,
+        })
+        .raise(),
+        Failure::Overflow { mark } => {
+            TicketError::Tickets(ticket_core::tickets::TicketsError::Overflow { mark, size: 1 }).raise()
+        }
+        Failure::Unavailable => TicketError::TicketsUnavailable(format!(
+            "the ticket worker could not reserve tickets for ({:?}, {:?}); see the server log",
+            queue.display(),
+            domain.display()
+        ))
+        .raise(),
+    }
+}
+
+fn next(queue: Name<'_>, domain: Name<'_>) -> i64 {
+    if !settings::preloaded() {
+        TicketError::NotPreloaded("next_ticket").raise();
+    }
+    xact::check_writable().or_raise();
+    KEY_BUF.with(|buf| {
+        let mut key = buf.borrow_mut();
+        encode(&mut key, queue, domain);
+        take(&key, queue, domain)
+    })
+}
+
+fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
+    let series = settings::ticket_series();
+    let db = my_database();
+    let hash = hash_of(db, key);
+    let mut deadline = None;
+    loop {
+        let (i, generation) = locate(db, hash, key);
+        let slot = &shmem::slots()[i];
+        let mut g = slot.lock();
+        if slot.generation.load(Ordering::Acquire) != generation || !g.matches(db, hash, key) {
+            drop(g);
+            forget(hash);
+            continue;
+        }
+        if let Some(failure) = g.failure {
+            drop(g);
+            raise(failure, queue, domain);
+        }
+        match g.cache.take(series) {
+            Take::Value { value, fetch_ahead } => {
+                g.last_used = shmem::tick();
+                let ask = fetch_ahead && !g.requested;
+                g.requested |= ask;
+                drop(g);
+                if ask {
+                    worker::wake(db).or_raise();
+                }
+                return value;
+            }
+            Take::Empty => {
+                g.requested = true;
+                g.waits += 1;
+                drop(g);
+                worker::wake(db).or_raise();
+                let deadline = *deadline.get_or_insert_with(|| Instant::now() + settings::ticket_wait_timeout());
+                wait_for_segment(slot, generation, db, deadline, queue, domain);
+            }
+        }
+    }
+}
+
+/// Sleep on the condition variable until the slot has something cached, a
+/// failure, or another scope — or the deadline passes (55000). Wakes the
+/// worker again every 100 ms, which also restarts a worker that died.
+fn wait_for_segment(slot: &shmem::Slot, generation: u64, db: u32, deadline: Instant, queue: Name<'_>, domain: Name<'_>) {
+    let series = settings::ticket_series();
+    let cv = shmem::cv();
+    unsafe { pg_sys::ConditionVariablePrepareToSleep(cv) };
+    loop {
+        {
+            let g = slot.lock();
+            if slot.generation.load(Ordering::Acquire) != generation || g.failure.is_some() || g.cache.cached(series) > 0 {
+                break;
+            }
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            unsafe { pg_sys::ConditionVariableCancelSleep() };
+            TicketError::TicketsUnavailable(format!(
+                "no tickets for ({:?}, {:?}) arrived within pg_ticket.ticket_wait_timeout ({} ms): the ticket worker of this database is not keeping up or not running",
+                queue.display(),
+                domain.display(),
+                settings::ticket_wait_timeout().as_millis()
+            ))
+            .raise();
+        }
+        let wait_ms = (deadline - now).as_millis().min(100) as i64;
+        unsafe { pg_sys::ConditionVariableTimedSleep(cv, wait_ms, pg_sys::PG_WAIT_EXTENSION) };
+        worker::wake(db).or_raise();
+    }
+    unsafe { pg_sys::ConditionVariableCancelSleep() };
+}
+
+fn scope<'a>(queue: Option<Name<'a>>, domain: Option<Name<'a>>) -> (Name<'a>, Name<'a>) {
+    let queue = queue.unwrap_or_else(|| TicketError::NullArgument("queue").raise());
+    let domain = domain.unwrap_or_else(|| TicketError::NullArgument("domain").raise());
+    check_name("queue", queue.bytes()).or_raise();
+    check_name("domain", domain.bytes()).or_raise();
+    (queue, domain)
+}
+
+/// The next ticket of `(queue, domain)`: unique and increasing on this
+/// server, never reused, not transactional, never waiting on another
+/// transaction.
+#[pg_extern(volatile, parallel_unsafe)]
+fn next_ticket(queue: Option<Name<'_>>, domain: Option<Name<'_>>) -> i64 {
+    postgres_errors_as_raised(|| {
+        let (queue, domain) = scope(queue, domain);
+        next(queue, domain)
+    })
+}
+
+/// Admin: move a ticket scope's mark forward to `mark` (never back) and drop
+/// its cached segments, so every later ticket is above `mark`.
+#[pg_extern(volatile, parallel_unsafe)]
+fn advance_ticket(queue: Option<Name<'_>>, domain: Option<Name<'_>>, mark: Option<i64>) -> i64 {
+    postgres_errors_as_raised(|| {
+        let (queue, domain) = scope(queue, domain);
+        let mark = mark.unwrap_or_else(|| TicketError::NullArgument("mark").raise());
+        if !settings::preloaded() {
+            TicketError::NotPreloaded("advance_ticket").raise();
+        }
+        xact::check_writable().or_raise();
+        worker::advance_in_table(queue, domain, mark).or_raise();
+        // Dropped now, before the commit: a segment reserved meanwhile waits
+        // for this row lock and lands above the new mark.
+        let db = my_database();
+        let mut key = Vec::new();
+        encode(&mut key, queue, domain);
+        let hash = hash_of(db, &key);
+        let _dir = Directory::lock(true);
+        for slot in shmem::slots() {
+            let mut g = slot.lock();
+            if g.matches(db, hash, &key) {
+                g.reset();
+                slot.generation.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        mark
+    })
+}
+
+/// The scopes of this database cached in shared memory.
+#[pg_extern(volatile, parallel_safe)]
+fn ticket_cache() -> TableIterator<
+    'static,
+    (
+        name!(queue, String),
+        name!(domain, String),
+        name!(next_value, Option<i64>),
+        name!(cached_until, Option<i64>),
+        name!(segment_size, i64),
+        name!(refills, i64),
+        name!(waits, i64),
+    ),
+> {
+    postgres_errors_as_raised(|| {
+        if !settings::preloaded() {
+            TicketError::NotPreloaded("ticket_cache").raise();
+        }
+        let db = my_database();
+        let mut rows = Vec::new();
+        let _dir = Directory::lock(false);
+        for slot in shmem::slots() {
+            let g = slot.lock();
+            if g.in_use && g.db == db {
+                let (queue, domain) = split(g.key());
+                let (next, end) = g.cache.next_and_end().unzip();
+                rows.push((queue.display(), domain.display(), next, end, g.step, g.refills as i64, g.waits as i64));
+            }
+        }
+        TableIterator::new(rows)
+    })
+}
+
+extension_sql!(
+    r#"
+CREATE VIEW pgticket.ticket_cache AS SELECT * FROM ticket_cache();
+COMMENT ON VIEW pgticket.ticket_cache IS
+    'Ticket scopes of this database cached in shared memory: next value, end of the cached range, segment size, refills, waits';
+GRANT SELECT ON pgticket.ticket_cache TO PUBLIC;
+REVOKE EXECUTE ON FUNCTION advance_ticket(text, text, bigint) FROM PUBLIC;
+"#,
+    name = "ticket_views",
+    requires = [ticket_cache, advance_ticket, "schema"]
+);
