@@ -72,6 +72,7 @@ for n in 10000 100000 1000000; do
     in_backend "scoped_$n" "$(calls "next_scoped_id('bulk-$n', 'run-%RUN%')" $n)"
     in_backend "nextval_$n" "$(calls "nextval('bench_seq')" $n)"
 done
+in_backend ticket_1000000 "$(calls "next_ticket('bulk', 'run-%RUN%')" 1000000)"
 # The plain upsert is quadratic inside one transaction: only sizes that
 # finish within a minute.
 in_backend plain_10000 "$(calls "plain_next('bulk-plain', 'run-%RUN%')" 10000)"
@@ -93,6 +94,7 @@ echo "SELECT next_scoped_id('bench', 'client-' || :client_id);" >"$scripts_dir/s
 echo "SELECT plain_next('bench', 'client-' || :client_id);" >"$scripts_dir/plain_distinct.sql"
 echo "SELECT * FROM reserve_block('bench', 100);" >"$scripts_dir/block.sql"
 echo "SELECT * FROM plain_reserve('bench', 100);" >"$scripts_dir/plain_block.sql"
+echo "SELECT next_ticket('bench', 'shared');" >"$scripts_dir/ticket_same.sql"
 
 declare -A tps
 # With synchronous_commit off the baselines commit without a WAL flush, so
@@ -104,7 +106,7 @@ pgbench_tps() { # script clients sync [durable]
         "$bindir/pgbench" -n -M prepared -T "$seconds" -c "$2" -j "$2" \
         -f "$scripts_dir/$1.sql" 2>/dev/null | awk '/^tps/ {printf "%.0f", $3}'
 }
-pairs=("snowflake nextval" "scoped_same plain_same" "scoped_distinct plain_distinct" "block plain_block")
+pairs=("snowflake nextval" "ticket_same nextval" "scoped_same plain_same" "scoped_distinct plain_distinct" "block plain_block")
 for sync in on off; do
     for clients in 1 8; do
         for pair in "${pairs[@]}"; do
@@ -120,6 +122,11 @@ for sync in on off; do
         done
     done
 done
+
+# What the ticket runs cost in waits, and what a crash would lose: at most
+# two segments of the size the rate drove it to.
+ticket_stats=$(psql -At -F ' ' -c "SELECT waits, refills, segment_size, next_value FROM pgticket.ticket_cache WHERE queue = 'bench' AND domain = 'shared'")
+read -r ticket_waits ticket_refills ticket_step ticket_next <<<"$ticket_stats"
 
 echo "pgbench, the default durable commit under synchronous_commit = off..." >&2
 durable_workloads=(scoped_same scoped_distinct block)
@@ -161,6 +168,8 @@ done
     echo
     echo "Linearity: t(1M)/t(100k) = $(ratio "${ms[scoped_1000000]}" "${ms[scoped_100000]}") (bar ≤ 12); t(1M) / t(1M nextval) = $(ratio "${ms[scoped_1000000]}" "${ms[nextval_1000000]}") (bar ≤ 2)."
     echo
+    echo "next_ticket() × 1M in one statement: ${ms[ticket_1000000]} ms = $(ratio "${ms[ticket_1000000]}" "${ms[nextval_1000000]}")× the time of 1M nextval() (bar ≤ 1.0)."
+    echo
     echo "### pgbench, one ID per transaction (median tps of 3 × ${seconds}s, -M prepared)"
     echo
     echo "| workload | sync commit | clients | pg_ticket tps | baseline | baseline tps | ratio |"
@@ -176,6 +185,8 @@ done
     done
     echo
     echo "(With synchronous_commit off, pg_ticket ran with pg_ticket.durable_commit off, as durable as the baseline.)"
+    echo
+    echo "Tickets on the hot scope over every ticket_same run: ${ticket_waits} waits for a refill and ${ticket_refills} refills in ${ticket_next} tickets ($(awk -v w="$ticket_waits" -v n="$ticket_next" 'BEGIN {printf "%.1f", w * 1e6 / n}') waits per million); the segment size reached ${ticket_step}, so a crash at this rate loses at most $((2 * ticket_step)) tickets of the scope (a gap)."
     echo
     echo "### The default: durable commits under synchronous_commit = off"
     echo

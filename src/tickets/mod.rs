@@ -191,6 +191,12 @@ fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
             continue;
         }
         if let Some(failure) = g.failure {
+            // A series or overflow refusal stands until the slot is emptied
+            // (advance_ticket, eviction, restart); a failed reservation is
+            // reported once and tried again by the next call.
+            if failure == Failure::Unavailable {
+                g.failure = None;
+            }
             drop(g);
             raise(failure, queue, domain);
         }

@@ -4,6 +4,10 @@
 //! gone (they are not restarted by the postmaster: a crash restart empties
 //! the cache anyway).
 //!
+//! A worker that has had nothing to do for `IDLE_EXIT` exits (a backend
+//! starts it again when needed), so that `DROP DATABASE` is not blocked for
+//! long by a connection the user did not open.
+//!
 //! A worker reserves segments in `pgticket.tickets` in its own transactions,
 //! with `synchronous_commit = on` whatever the server's default: the commit
 //! is flushed (and, with synchronous replication, on the standby) before
@@ -28,6 +32,8 @@ use ticket_core::tickets::{next_step, Segment, Series, TicketsError};
 
 /// A worker asked for but not running after this long is taken for dead.
 const START_GRACE_MS: u64 = 10_000;
+/// An idle worker exits after this long.
+const IDLE_EXIT: Duration = Duration::from_secs(10);
 /// Segments that last less than this double the step; more than the slow
 /// bound halve it.
 const FAST_MS: u64 = 1_000;
@@ -140,9 +146,17 @@ pub extern "C-unwind" fn ticket_worker_main(arg: pg_sys::Datum) {
             pg_sys::GucSource::PGC_S_OVERRIDE,
         );
     }
-    log!("pg_ticket: ticket worker for database {db} started");
+    let mut last_work = std::time::Instant::now();
     loop {
-        serve(db);
+        if serve(db) {
+            last_work = std::time::Instant::now();
+        } else if last_work.elapsed() > IDLE_EXIT {
+            // Leave the registry first, so a request from now on starts a
+            // new worker; then serve what was asked just before.
+            unsafe { release(0, pg_sys::Datum::from(db)) };
+            serve(db);
+            break;
+        }
         if !BackgroundWorker::wait_latch(Some(Duration::from_millis(1000))) {
             break;
         }
@@ -152,8 +166,9 @@ pub extern "C-unwind" fn ticket_worker_main(arg: pg_sys::Datum) {
     }
 }
 
-/// One pass: reserve a segment for every slot of this database that asked.
-fn serve(db: u32) {
+/// One pass: reserve a segment for every slot of this database that asked;
+/// false if none asked.
+fn serve(db: u32) -> bool {
     let series = settings::ticket_series();
     let (min, max) = settings::ticket_step_bounds();
     let wanted: Vec<(usize, u64, Vec<u8>, i64)> = shmem::slots()
@@ -166,7 +181,7 @@ fn serve(db: u32) {
         })
         .collect();
     if wanted.is_empty() {
-        return;
+        return false;
     }
     for (i, generation, key, step) in wanted {
         let (queue, domain) = split(&key);
@@ -191,6 +206,7 @@ fn serve(db: u32) {
         g.requested = false;
     }
     unsafe { pg_sys::ConditionVariableBroadcast(shmem::cv()) };
+    true
 }
 
 fn key_args<'a>(queue: Name<'a>, domain: Name<'a>) -> Vec<DatumWithOid<'a>> {

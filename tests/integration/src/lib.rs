@@ -37,6 +37,34 @@ impl Cluster {
         cluster
     }
 
+    /// A hot standby of `self` made with `pg_basebackup -R` in
+    /// /tmp/pgt-NAME, with `conf` lines added, started.
+    pub fn standby(&self, name: &str, port: u16, conf: &[&str]) -> Cluster {
+        let dir = PathBuf::from(format!("/tmp/pgt-{name}"));
+        owned_dir(&dir);
+        let data = dir.join("data");
+        let primary_port = self.port.to_string();
+        pg_tool(
+            "pg_basebackup",
+            &["-D", data.to_str().unwrap(), "-R", "-X", "stream", "-h", self.dir.to_str().unwrap(), "-p", &primary_port, "-U", "postgres"],
+        );
+        let mut lines = format!("port = {port}\nunix_socket_directories = '{}'\n", dir.display());
+        for line in conf {
+            lines.push_str(line);
+            lines.push('\n');
+        }
+        let mut f = std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).unwrap();
+        std::io::Write::write_all(&mut f, lines.as_bytes()).unwrap();
+        let standby = Cluster::attach(&dir, port);
+        standby.up(None);
+        standby
+    }
+
+    /// Promote this standby and wait until it accepts writes.
+    pub fn promote(&self) {
+        pg_tool("pg_ctl", &["promote", "-w", "-D", self.data_dir().to_str().unwrap()]);
+    }
+
     /// A cluster made elsewhere (a standby from pg_basebackup) in `dir`.
     pub fn attach(dir: &Path, port: u16) -> Cluster {
         Cluster { dir: dir.to_path_buf(), port }

@@ -2,10 +2,9 @@
 //! back across a restart, dump/restore, a hot standby and its promotion.
 //! Each test runs its own cluster, since it stops and starts it.
 
-use pg_ticket_integration::{owned_dir, pg_tool, sqlstate, Cluster};
+use pg_ticket_integration::{pg_tool, sqlstate, Cluster};
 use postgres::Client;
 use std::collections::HashSet;
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
@@ -241,19 +240,7 @@ fn a_hot_standby_refuses_and_its_promotion_continues_above_the_primary() {
     p.batch_execute("SELECT next_scoped_id('ha', 'x') FROM generate_series(1, 10); SELECT reserve_block('ha', 100)").unwrap();
     let mut flakes = snowflakes(&mut p, 1000).unwrap();
 
-    let standby_dir = Path::new("/tmp/pgt-standby");
-    owned_dir(standby_dir);
-    let data = standby_dir.join("data");
-    let port = primary.port.to_string();
-    pg_tool(
-        "pg_basebackup",
-        &["-D", data.to_str().unwrap(), "-R", "-X", "stream", "-h", primary.dir.to_str().unwrap(), "-p", &port, "-U", "postgres"],
-    );
-    let conf = format!("port = 55447\nunix_socket_directories = '{}'\n", standby_dir.display());
-    let mut f = std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).unwrap();
-    std::io::Write::write_all(&mut f, conf.as_bytes()).unwrap();
-    let standby = Cluster::attach(standby_dir, 55447);
-    standby.up(None);
+    let standby = primary.standby("standby", 55447, &[]);
     let mut s = standby.connect_when_ready();
 
     for stmt in [
@@ -278,7 +265,7 @@ fn a_hot_standby_refuses_and_its_promotion_continues_above_the_primary() {
     }
     drop(p);
     primary.stop_with("fast");
-    pg_tool("pg_ctl", &["promote", "-w", "-D", data.to_str().unwrap()]);
+    standby.promote();
 
     let mut s = standby.connect_when_ready();
     assert_eq!(s.query_one("SELECT next_scoped_id('ha', 'x')", &[]).unwrap().get::<_, i64>(0), 21);

@@ -231,3 +231,73 @@ fn odd_and_even_servers_hand_out_disjoint_tickets_and_refuse_each_others_scopes(
     odd.stop();
     even.stop();
 }
+
+#[test]
+fn a_synchronous_standby_refuses_tickets_and_its_promotion_continues_above_every_one_handed_out() {
+    let primary = Cluster::start("tickets-primary", 55426, &[]);
+    primary.connect().query_one("SELECT next_ticket('ha', 'd')", &[]).unwrap();
+    // The walreceiver names itself after cluster_name.
+    let standby = primary.standby("tickets-standby", 55425, &["cluster_name = 'ticket_standby'"]);
+    let mut p = primary.connect();
+    p.batch_execute("ALTER SYSTEM SET synchronous_standby_names = 'ticket_standby'").unwrap();
+    p.batch_execute("SELECT pg_reload_conf()").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while p
+        .query("SELECT 1 FROM pg_stat_replication WHERE application_name = 'ticket_standby' AND sync_state = 'sync'", &[])
+        .unwrap()
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "the standby never became synchronous");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let err = standby.connect_when_ready().query_one("SELECT next_ticket('ha', 'd')", &[]).unwrap_err();
+    assert_eq!(sqlstate(&err), "25006", "{err}");
+
+    // Load, then the primary dies at once (no shutdown checkpoint, nothing
+    // more sent): only what the standby confirmed survives.
+    let before = load_until_crash(&primary, |_| primary.stop_with("immediate"));
+    standby.promote();
+    let max = *before.iter().max().unwrap();
+    let mut s = standby.connect_when_ready();
+    let after: Vec<i64> =
+        s.query("SELECT next_ticket('crash', 'd') FROM generate_series(1, 1000)", &[]).unwrap().iter().map(|r| r.get(0)).collect();
+    println!("{} tickets before the primary died, the highest {max}; the promoted standby's first {}", before.len(), after[0]);
+    assert!(after.iter().all(|t| *t > max), "the promoted standby handed out a ticket at or below {max}");
+    standby.stop();
+}
+
+#[test]
+fn an_idle_worker_exits_so_its_database_can_be_dropped_and_comes_back_when_needed() {
+    let c = cluster();
+    let mut admin = c.connect();
+    admin.batch_execute("CREATE DATABASE t_idle").unwrap();
+    let mut db = c.connect_as("postgres", "t_idle");
+    db.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
+    assert_eq!(db.query_one("SELECT next_ticket('idle', 'd')", &[]).unwrap().get::<_, i64>(0), 1);
+    let workers = |admin: &mut postgres::Client| -> i64 {
+        admin
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_ticket tickets' AND datname = 't_idle'",
+                &[],
+            )
+            .unwrap()
+            .get(0)
+    };
+    assert_eq!(workers(&mut admin), 1, "a worker serves the database");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while workers(&mut admin) > 0 {
+        assert!(Instant::now() < deadline, "the idle worker never exited");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    // From the cache (2), or — if the 16-slot cache evicted it meanwhile —
+    // from a new segment the restarted worker reserved.
+    assert!(db.query_one("SELECT next_ticket('idle', 'd')", &[]).unwrap().get::<_, i64>(0) > 1);
+    assert!(db.query_one("SELECT next_ticket('idle-2', 'd')", &[]).unwrap().get::<_, i64>(0) == 1, "a new worker for a new scope");
+    drop(db);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while workers(&mut admin) > 0 {
+        assert!(Instant::now() < deadline, "the idle worker never exited");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    admin.batch_execute("DROP DATABASE t_idle").unwrap();
+}
