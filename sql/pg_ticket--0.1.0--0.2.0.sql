@@ -101,6 +101,7 @@ CREATE FUNCTION "ticket_status"() RETURNS TABLE (
 	"refusals_read_only" bigint,
 	"waits_full_millisecond" bigint,
 	"waits_clock_back" bigint,
+	"waits_ticket_refill" bigint,
 	"reset_at" timestamp with time zone
 )
 STRICT VOLATILE PARALLEL SAFE
@@ -149,3 +150,9 @@ COMMENT ON VIEW pgticket.ticket_cache IS
     'Ticket scopes of this database cached in shared memory: next value, end of the cached range, segment size, refills, waits';
 GRANT SELECT ON pgticket.ticket_cache TO PUBLIC;
 REVOKE EXECUTE ON FUNCTION advance_ticket(text, text, bigint) FROM PUBLIC;
+
+-- Per-row tickets.
+CREATE FUNCTION "assign_ticket"()
+	RETURNS TRIGGER
+	LANGUAGE c
+	AS 'MODULE_PATHNAME', 'assign_ticket_wrapper';

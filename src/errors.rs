@@ -34,7 +34,7 @@ pub enum TicketError {
     TicketsUnavailable(String),
     #[error("column {column:?} of table {table:?} does not exist (named in the trigger's arguments)")]
     NoSuchColumn { column: String, table: String },
-    #[error("column {column:?} of table {table:?} is of type {type_name}; assign_scoped_id sets bigint, integer, smallint or numeric columns")]
+    #[error("column {column:?} of table {table:?} is of type {type_name}; the trigger sets bigint, integer, smallint or numeric columns")]
     WrongColumnType { column: String, table: String, type_name: String },
     #[error("{value} does not fit the {type_name} column {column:?} of table {table:?}")]
     ValueDoesNotFit { value: i64, column: String, table: String, type_name: &'static str },

@@ -9,6 +9,7 @@
 //! - `tickets/`: `next_ticket()`: the scope cache in shared memory and the
 //!   per-database workers that reserve its segments.
 //! - `status`: the `pgticket.status` view and its shared-memory counters.
+//! - `triggers`: `assign_scoped_id()` / `assign_ticket()`, per-row scopes.
 //! - `names`: `text` arguments as the database's bytes (any encoding).
 //! - `xact`: what an allocation asks of the transaction (writable, durable).
 //! - `settings`: every `pg_ticket.*` setting, and `_PG_init` ordering.
@@ -24,6 +25,7 @@ mod settings;
 mod snowflake;
 mod status;
 mod tickets;
+mod triggers;
 mod xact;
 
 ::pgrx::pg_module_magic!(name, version);

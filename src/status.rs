@@ -25,6 +25,7 @@ pub struct Counters {
     refusals_clock_behind: AtomicU64,
     refusals_overflow: AtomicU64,
     refusals_read_only: AtomicU64,
+    waits_ticket_refill: AtomicU64,
     /// Unix ms of the last reset (0: none since start).
     reset_at: AtomicI64,
 }
@@ -53,6 +54,11 @@ pub fn count_refusal(error: &TicketError) {
         _ => return,
     };
     counter.fetch_add(1, Ordering::Relaxed);
+}
+
+/// Count a `next_ticket()` caller that had to wait for a segment.
+pub fn count_ticket_wait() {
+    COUNTERS.get().waits_ticket_refill.fetch_add(1, Ordering::Relaxed);
 }
 
 fn now_unix_ms() -> i64 {
@@ -84,12 +90,13 @@ fn ticket_status() -> TableIterator<
         name!(refusals_read_only, Option<i64>),
         name!(waits_full_millisecond, Option<i64>),
         name!(waits_clock_back, Option<i64>),
+        name!(waits_ticket_refill, Option<i64>),
         name!(reset_at, Option<TimestampWithTimeZone>),
     ),
 > {
     postgres_errors_as_raised(|| {
         if !settings::preloaded() {
-            return TableIterator::once((false, None, None, None, None, None, None, None, None, None, None, None));
+            return TableIterator::once((false, None, None, None, None, None, None, None, None, None, None, None, None));
         }
         let epoch = settings::epoch_unix_ms();
         let activity = snowflake::activity();
@@ -109,6 +116,7 @@ fn ticket_status() -> TableIterator<
             count(&c.refusals_read_only),
             Some(activity.waits_full_millisecond as i64),
             Some(activity.waits_clock_back as i64),
+            count(&c.waits_ticket_refill),
             (reset_at != 0).then(|| timestamp(reset_at)).flatten(),
         ))
     })
@@ -122,7 +130,7 @@ fn reset_ticket_status() {
             TicketError::NotPreloaded("reset_ticket_status").raise();
         }
         let c = COUNTERS.get();
-        for counter in [&c.refusals_clock_behind, &c.refusals_overflow, &c.refusals_read_only] {
+        for counter in [&c.refusals_clock_behind, &c.refusals_overflow, &c.refusals_read_only, &c.waits_ticket_refill] {
             counter.store(0, Ordering::Relaxed);
         }
         snowflake::reset_counters();

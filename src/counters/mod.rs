@@ -9,14 +9,12 @@
 //!   tables, always as their owner.
 //! - `tables`: which relations the tables are now and who owns them, cached
 //!   per backend and dropped on a relcache invalidation.
-//! - `trigger`: `assign_scoped_id()`, the per-row scope trigger helper.
 //!
 //! This module touches nothing but those two tables and backend-local state.
 
 mod allocator;
 mod store;
 mod tables;
-mod trigger;
 
 pub use allocator::{advance, current, limit, take, Kind};
 pub use store::as_table_owner;

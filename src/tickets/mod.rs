@@ -164,7 +164,8 @@ fn raise(failure: Failure, queue: Name<'_>, domain: Name<'_>) -> ! {
     }
 }
 
-fn next(queue: Name<'_>, domain: Name<'_>) -> i64 {
+/// The next ticket of (queue, domain), names already checked.
+pub fn next(queue: Name<'_>, domain: Name<'_>) -> i64 {
     if !settings::preloaded() {
         TicketError::NotPreloaded("next_ticket").raise();
     }
@@ -215,6 +216,7 @@ fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
                 g.requested = true;
                 g.waits += 1;
                 drop(g);
+                crate::status::count_ticket_wait();
                 worker::wake(db).or_raise();
                 let deadline = *deadline.get_or_insert_with(|| Instant::now() + settings::ticket_wait_timeout());
                 wait_for_segment(slot, generation, db, deadline, queue, domain);

@@ -202,6 +202,20 @@ fn the_worker_killed_with_sigkill_under_load_never_reissues_a_ticket() {
 }
 
 #[test]
+fn a_client_backend_killed_with_sigkill_under_load_never_reissues_a_ticket() {
+    let c = Cluster::start("tickets-kill-backend", 55424, &["pg_ticket.ticket_step_max = 1000"]);
+    let before = load_until_crash(&c, |admin| {
+        let pid: i32 = admin
+            .query_one("SELECT pid FROM pg_stat_activity WHERE query LIKE 'SELECT next_ticket%' AND pid <> pg_backend_pid() LIMIT 1", &[])
+            .unwrap()
+            .get(0);
+        assert!(std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
+    });
+    assert_above_after_restart(&c, &before);
+    c.stop();
+}
+
+#[test]
 fn odd_and_even_servers_hand_out_disjoint_tickets_and_refuse_each_others_scopes() {
     let odd = Cluster::start("tickets-odd", 55428, &["pg_ticket.ticket_increment = 2", "pg_ticket.ticket_offset = 1"]);
     let even = Cluster::start("tickets-even", 55427, &["pg_ticket.ticket_increment = 2", "pg_ticket.ticket_offset = 2"]);

@@ -54,6 +54,20 @@ SELECT next_ticket('top', 'x');
 SELECT next_ticket('top', 'x');
 \echo :LAST_ERROR_SQLSTATE
 
+-- Per-row tickets: the same trigger shape as assign_scoped_id.
+CREATE TABLE job (queue text, no bigint);
+CREATE TRIGGER number_jobs BEFORE INSERT ON job FOR EACH ROW EXECUTE FUNCTION assign_ticket('no', 'queue', 'job');
+INSERT INTO job (queue) VALUES ('mail'), ('mail'), ('sms');
+BEGIN;
+INSERT INTO job (queue) VALUES ('mail');
+ROLLBACK;
+INSERT INTO job (queue) VALUES ('mail');
+SELECT queue, no FROM job ORDER BY queue, no;
+INSERT INTO job (queue) VALUES (NULL);
+\echo :LAST_ERROR_SQLSTATE
+-- Waits for a refill are counted (every first use of a scope waits once).
+SELECT waits_ticket_refill > 0 AS refill_waits_counted FROM pgticket.status;
+
 SHOW pg_ticket.ticket_offset;
 SHOW pg_ticket.ticket_increment;
 SHOW pg_ticket.ticket_cache_scopes;

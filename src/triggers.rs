@@ -1,5 +1,5 @@
-//! `assign_scoped_id()`: per-row scopes, which a column `DEFAULT` cannot
-//! express (it cannot read other columns).
+//! `assign_scoped_id()` and `assign_ticket()`: per-row scopes, which a
+//! column `DEFAULT` cannot express (it cannot read other columns).
 //!
 //! ```sql
 //! CREATE TRIGGER number_invoices BEFORE INSERT ON invoice FOR EACH ROW
@@ -9,17 +9,19 @@
 //! ```
 //!
 //! Sets the id column to `next_scoped_id(<queue column as text>, <domain>)`
-//! when it is NULL and leaves a given value alone. It calls the allocator
-//! directly, so it is transactional and gap-free like `next_scoped_id`.
-//! Columns are resolved by name on every row: a misnamed or mistyped column
-//! fails at the first row, with 42703 or 42804.
+//! (or `next_ticket(...)`) when it is NULL and leaves a given value alone.
+//! It calls the allocator directly, so `assign_scoped_id` is transactional
+//! and gap-free like `next_scoped_id`, and `assign_ticket` never waits on
+//! another transaction like `next_ticket`. Columns are resolved by name on
+//! every row: a misnamed or mistyped column fails at the first row, with
+//! 42703 or 42804.
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::PgTupleDesc;
 use std::ffi::{c_char, CStr, CString};
 
-use super::{take, Kind};
+use crate::counters::{self, Kind};
 use crate::errors::{postgres_errors_as_raised, OrRaise, TicketError};
 use crate::names::Name;
 use ticket_core::counter::check_name;
@@ -36,13 +38,13 @@ struct Arguments {
     domain: Domain,
 }
 
-const USAGE: &str = "assign_scoped_id(id_column, queue_column, domain) or assign_scoped_id(id_column, queue_column, 'column', domain_column)";
+const USAGE: &str = "(id_column, queue_column, domain) or (id_column, queue_column, 'column', domain_column)";
 
-fn arguments(trigger: &pg_sys::Trigger) -> Arguments {
+fn arguments(trigger: &pg_sys::Trigger, function: &str) -> Arguments {
     let args: Vec<CString> = (0..trigger.tgnargs as usize)
         .map(|i| unsafe { CStr::from_ptr(*trigger.tgargs.add(i)) }.to_owned())
         .collect();
-    let bad = || TicketError::TriggerMisuse(format!("the trigger's arguments are {USAGE}")).raise();
+    let bad = || TicketError::TriggerMisuse(format!("the trigger's arguments are {function}{USAGE}")).raise();
     match args.as_slice() {
         [id, queue, domain] => Arguments { id_column: id.clone(), queue_column: queue.clone(), domain: Domain::Literal(domain.clone()) },
         [id, queue, form, column] if form.as_bytes() == b"column" => {
@@ -118,15 +120,29 @@ impl IdType {
 
 #[pg_trigger]
 fn assign_scoped_id<'a>(trigger: &'a PgTrigger<'a>) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgTriggerError> {
+    assign(trigger, "assign_scoped_id", |queue, domain| counters::take(Kind::Scope, queue, domain, 1).or_raise())
+}
+
+#[pg_trigger]
+fn assign_ticket<'a>(trigger: &'a PgTrigger<'a>) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgTriggerError> {
+    assign(trigger, "assign_ticket", crate::tickets::next)
+}
+
+/// The row with its id column set by `allocate(queue, domain)` if NULL.
+fn assign<'a>(
+    trigger: &'a PgTrigger<'a>,
+    function: &'static str,
+    allocate: impl FnOnce(Name<'_>, Name<'_>) -> i64,
+) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgTriggerError> {
     postgres_errors_as_raised(|| {
         let data = trigger.trigger_data();
         let event = data.tg_event;
         let row_before = event & pg_sys::TRIGGER_EVENT_ROW != 0 && event & pg_sys::TRIGGER_EVENT_TIMINGMASK == pg_sys::TRIGGER_EVENT_BEFORE;
         let op = event & pg_sys::TRIGGER_EVENT_OPMASK;
         if !row_before || !(op == pg_sys::TRIGGER_EVENT_INSERT || op == pg_sys::TRIGGER_EVENT_UPDATE) {
-            TicketError::TriggerMisuse("assign_scoped_id() must run BEFORE INSERT (or UPDATE) ... FOR EACH ROW".into()).raise();
+            TicketError::TriggerMisuse(format!("{function}() must run BEFORE INSERT (or UPDATE) ... FOR EACH ROW")).raise();
         }
-        let args = arguments(trigger.trigger());
+        let args = arguments(trigger.trigger(), function);
         let table = trigger.table_name().unwrap_or_default();
         let tuple = if op == pg_sys::TRIGGER_EVENT_INSERT { data.tg_trigtuple } else { data.tg_newtuple };
         let tupdesc = unsafe { (*data.tg_relation).rd_att };
@@ -155,7 +171,7 @@ fn assign_scoped_id<'a>(trigger: &'a PgTrigger<'a>) -> Result<Option<PgHeapTuple
         };
         check_name("queue", queue.bytes()).or_raise();
         check_name("domain", domain.bytes()).or_raise();
-        let id = id_type.datum(take(Kind::Scope, queue, domain, 1).or_raise(), &args.id_column, &table);
+        let id = id_type.datum(allocate(queue, domain), &args.id_column, &table);
 
         let (column, is_null) = (id_n, false);
         let modified = unsafe { pg_sys::heap_modify_tuple_by_cols(tuple, tupdesc, 1, &column as *const i32 as *mut i32, &id as *const _ as *mut _, &is_null as *const bool as *mut bool) };
