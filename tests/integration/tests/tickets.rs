@@ -186,15 +186,12 @@ fn an_immediate_shutdown_under_load_never_reissues_a_ticket() {
     c.stop();
 }
 
-#[test]
-fn the_worker_killed_with_sigkill_under_load_never_reissues_a_ticket() {
-    let c = Cluster::start("tickets-kill", 55429, &["pg_ticket.ticket_step_max = 1000"]);
+/// Load on a cluster of its own, then SIGKILL of the process `pid_query`
+/// names: the postmaster resets every backend and shared memory.
+fn sigkill_under_load(name: &str, port: u16, pid_query: &str) {
+    let c = Cluster::start(name, port, &["pg_ticket.ticket_step_max = 1000"]);
     let before = load_until_crash(&c, |admin| {
-        let pid: i32 = admin
-            .query_one("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_ticket tickets'", &[])
-            .unwrap()
-            .get(0);
-        // The postmaster resets every backend and shared memory.
+        let pid: i32 = admin.query_one(pid_query, &[]).unwrap().get(0);
         assert!(std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
     });
     assert_above_after_restart(&c, &before);
@@ -202,17 +199,17 @@ fn the_worker_killed_with_sigkill_under_load_never_reissues_a_ticket() {
 }
 
 #[test]
+fn the_worker_killed_with_sigkill_under_load_never_reissues_a_ticket() {
+    sigkill_under_load("tickets-kill", 55429, "SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_ticket tickets'");
+}
+
+#[test]
 fn a_client_backend_killed_with_sigkill_under_load_never_reissues_a_ticket() {
-    let c = Cluster::start("tickets-kill-backend", 55424, &["pg_ticket.ticket_step_max = 1000"]);
-    let before = load_until_crash(&c, |admin| {
-        let pid: i32 = admin
-            .query_one("SELECT pid FROM pg_stat_activity WHERE query LIKE 'SELECT next_ticket%' AND pid <> pg_backend_pid() LIMIT 1", &[])
-            .unwrap()
-            .get(0);
-        assert!(std::process::Command::new("kill").args(["-KILL", &pid.to_string()]).status().unwrap().success());
-    });
-    assert_above_after_restart(&c, &before);
-    c.stop();
+    sigkill_under_load(
+        "tickets-kill-backend",
+        55424,
+        "SELECT pid FROM pg_stat_activity WHERE query LIKE 'SELECT next_ticket%' AND pid <> pg_backend_pid() LIMIT 1",
+    );
 }
 
 #[test]
