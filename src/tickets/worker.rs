@@ -19,6 +19,7 @@
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
 use pgrx::datum::DatumWithOid;
 use pgrx::pg_sys;
+use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -276,7 +277,8 @@ fn reserve(queue: Name<'_>, domain: Name<'_>, size: i64, series: Series) -> Resu
         })
     })
     .catch_others(|e| {
-        warning!("pg_ticket: reserving tickets failed: {e:?}");
+        let (CaughtError::PostgresError(report) | CaughtError::ErrorReport(report) | CaughtError::RustPanic { ereport: report, .. }) = &e;
+        warning!("pg_ticket: reserving tickets failed: {}", report.message());
         Err(Failure::Unavailable)
     })
     .execute();

@@ -197,16 +197,19 @@ fn dump_and_restore_continue_every_mark() {
     }
     let db = |name: &str| c.connect_as("postgres", name);
     let mut src = db("src");
+    // Committed first: the ticket worker reserves in its own transactions.
+    src.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
     src.batch_execute(
-        "CREATE EXTENSION pg_ticket;
-         SELECT next_scoped_id('shop', '2026') FROM generate_series(1, 5);
+        "SELECT next_scoped_id('shop', '2026') FROM generate_series(1, 5);
          SELECT next_scoped_id('shop', '2027') FROM generate_series(1, 3);
          SELECT reserve_block('workers', 30);
-         SELECT advance_scoped_id('imported', 'legacy', 1000000);",
+         SELECT advance_scoped_id('imported', 'legacy', 1000000);
+         SELECT next_ticket('resources', 'vm') FROM generate_series(1, 7);",
     )
     .unwrap();
     let before = marks(&mut src);
-    assert_eq!(before.len(), 4);
+    assert_eq!(before.len(), 5);
+    let tickets_handed_out = 7;
 
     let dump = c.dir.join("src.dump");
     let port = c.port.to_string();
@@ -229,6 +232,8 @@ fn dump_and_restore_continue_every_mark() {
         assert_eq!(d.query_one("SELECT next_scoped_id('shop', '2027')", &[]).unwrap().get::<_, i64>(0), 4, "{name}");
         assert_eq!(d.query_one("SELECT first_id FROM reserve_block('workers', 10)", &[]).unwrap().get::<_, i64>(0), 31, "{name}");
         assert_eq!(d.query_one("SELECT next_scoped_id('imported', 'legacy')", &[]).unwrap().get::<_, i64>(0), 1_000_001, "{name}");
+        let ticket: i64 = d.query_one("SELECT next_ticket('resources', 'vm')", &[]).unwrap().get(0);
+        assert!(ticket > tickets_handed_out, "{name}: ticket {ticket} after a restore repeats one handed out before");
     }
     c.stop();
 }
