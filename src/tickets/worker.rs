@@ -184,9 +184,16 @@ fn serve(db: u32) -> bool {
     if wanted.is_empty() {
         return false;
     }
-    for (i, generation, key, step) in wanted {
-        let (queue, domain) = split(&key);
-        let reserved = reserve(queue, domain, step, series);
+    let requests: Vec<(Name<'_>, Name<'_>, i64)> = wanted
+        .iter()
+        .map(|(_, _, key, step)| {
+            let (queue, domain) = split(key);
+            (queue, domain, *step)
+        })
+        .collect();
+    let results = reserve_all(&requests, series);
+    for ((i, generation, _, _), reserved) in wanted.iter().zip(results) {
+        let (i, generation) = (*i, *generation);
         let slot = &shmem::slots()[i];
         let mut g = slot.lock();
         if slot.generation.load(Ordering::Acquire) != generation {
@@ -250,40 +257,46 @@ fn set_mark(client: &mut pgrx::spi::SpiClient<'_>, queue: Name<'_>, domain: Name
     Ok(())
 }
 
-/// Reserve the next segment of `size` values in a transaction of its own,
-/// committed (flushed) before returning.
-fn reserve(queue: Name<'_>, domain: Name<'_>, size: i64, series: Series) -> Result<Segment, Failure> {
+/// The next segment of one scope, inside the caller's transaction.
+fn reserve_in(
+    client: &mut pgrx::spi::SpiClient<'_>,
+    queue: Name<'_>,
+    domain: Name<'_>,
+    size: i64,
+    series: Series,
+) -> Result<Result<Segment, Failure>, pgrx::spi::Error> {
+    let (mark, created) = lock_row(client, queue, domain, series)?;
+    if let Err(TicketsError::OtherSeries { .. }) = series.check_same(created) {
+        return Ok(Err(Failure::OtherSeries { offset: created.offset, increment: created.increment }));
+    }
+    match series.segment_after(mark, size) {
+        Ok(segment) => {
+            set_mark(client, queue, domain, segment.last)?;
+            Ok(Ok(segment))
+        }
+        Err(_) => Ok(Err(Failure::Overflow { mark })),
+    }
+}
+
+/// Runs `f` in a transaction of its own, committed (and, with
+/// `synchronous_commit = on`, flushed) when it succeeds; rolled back with a
+/// warning in the log, and None, when it fails.
+fn in_transaction<T>(f: impl FnOnce(&mut pgrx::spi::SpiClient<'_>) -> Result<T, pgrx::spi::Error>) -> Option<T> {
     unsafe {
         pg_sys::StartTransactionCommand();
         pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
     }
-    let outcome = PgTryBuilder::new(|| {
-        Spi::connect_mut(|client| -> Result<Result<Segment, Failure>, pgrx::spi::Error> {
-            let (mark, created) = lock_row(client, queue, domain, series)?;
-            if let Err(TicketsError::OtherSeries { .. }) = series.check_same(created) {
-                return Ok(Err(Failure::OtherSeries { offset: created.offset, increment: created.increment }));
-            }
-            match series.segment_after(mark, size) {
-                Ok(segment) => {
-                    set_mark(client, queue, domain, segment.last)?;
-                    Ok(Ok(segment))
-                }
-                Err(_) => Ok(Err(Failure::Overflow { mark })),
-            }
-        })
-        .unwrap_or_else(|e| {
-            warning!("pg_ticket: reserving tickets failed: {e}");
-            Err(Failure::Unavailable)
-        })
-    })
+    let outcome = PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
+        Spi::connect_mut(f).map_err(|e| warning!("pg_ticket: reserving tickets failed: {e}")).ok()
+    }))
     .catch_others(|e| {
         let (CaughtError::PostgresError(report) | CaughtError::ErrorReport(report) | CaughtError::RustPanic { ereport: report, .. }) = &e;
         warning!("pg_ticket: reserving tickets failed: {}", report.message());
-        Err(Failure::Unavailable)
+        None
     })
     .execute();
     unsafe {
-        if outcome.is_ok() || matches!(outcome, Err(Failure::OtherSeries { .. } | Failure::Overflow { .. })) {
+        if outcome.is_some() {
             pg_sys::PopActiveSnapshot();
             pg_sys::CommitTransactionCommand();
         } else {
@@ -291,6 +304,25 @@ fn reserve(queue: Name<'_>, domain: Name<'_>, size: i64, series: Series) -> Resu
         }
     }
     outcome
+}
+
+/// Reserve the next segment of every requested scope in one transaction —
+/// one commit flush for the lot, so a burst of first uses does not queue
+/// behind one flush each. If that transaction fails, each scope is tried
+/// in a transaction of its own, so one bad scope fails only itself.
+fn reserve_all(requests: &[(Name<'_>, Name<'_>, i64)], series: Series) -> Vec<Result<Segment, Failure>> {
+    let all = |client: &mut pgrx::spi::SpiClient<'_>| {
+        requests.iter().map(|&(queue, domain, size)| reserve_in(client, queue, domain, size, series)).collect()
+    };
+    if let Some(results) = in_transaction(all) {
+        return results;
+    }
+    requests
+        .iter()
+        .map(|&(queue, domain, size)| {
+            in_transaction(|client| reserve_in(client, queue, domain, size, series)).unwrap_or(Err(Failure::Unavailable))
+        })
+        .collect()
 }
 
 /// `advance_ticket` in the caller's transaction: the row locked and moved
