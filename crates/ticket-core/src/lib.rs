@@ -3,6 +3,7 @@
 
 pub mod counter;
 pub mod epoch;
+pub mod leases;
 pub mod local_marks;
 pub mod snowflake;
 pub mod tickets;
