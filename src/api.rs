@@ -11,17 +11,19 @@ use crate::names::Name;
 use crate::snowflake;
 use ticket_core::counter::{check_block_size, check_name};
 
-fn required<T>(what: &'static str, value: Option<T>) -> T {
+/// A required argument, or 22004.
+pub(crate) fn required<T>(what: &'static str, value: Option<T>) -> T {
     value.unwrap_or_else(|| TicketError::NullArgument(what).raise())
 }
 
-fn name_arg<'a>(what: &'static str, value: Option<Name<'a>>) -> Name<'a> {
+/// A required name within the limits, or 22004 / 22023.
+pub(crate) fn name_arg<'a>(what: &'static str, value: Option<Name<'a>>) -> Name<'a> {
     let name = required(what, value);
     check_name(what, name.bytes()).or_raise();
     name
 }
 
-fn scope_args<'a>(queue: Option<Name<'a>>, domain: Option<Name<'a>>) -> (Name<'a>, Name<'a>) {
+pub(crate) fn scope_args<'a>(queue: Option<Name<'a>>, domain: Option<Name<'a>>) -> (Name<'a>, Name<'a>) {
     (name_arg("queue", queue), name_arg("domain", domain))
 }
 
@@ -113,9 +115,6 @@ fn snowflake_id() -> i64 {
     postgres_errors_as_raised(snowflake::next_id)
 }
 
-/// PostgreSQL timestamps count microseconds from 2000-01-01.
-const PG_EPOCH_UNIX_MS: i64 = 946_684_800_000;
-
 /// The parts of a snowflake ID, read with this server's epoch. STABLE, not
 /// IMMUTABLE: the epoch is a server setting.
 #[pg_extern(stable, parallel_safe)]
@@ -123,8 +122,8 @@ fn snowflake_decode(
     id: Option<i64>,
 ) -> TableIterator<'static, (name!(created_at, TimestampWithTimeZone), name!(machine_id, i32), name!(sequence, i32))> {
     let (unix_ms, machine_id, sequence) = snowflake::decode(required("id", id));
-    let created_at = TimestampWithTimeZone::try_from((unix_ms - PG_EPOCH_UNIX_MS) * 1000)
-        .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot represent the timestamp of {unix_ms} ms: {e:?}"));
+    let created_at = snowflake::timestamptz_of_unix_ms(unix_ms)
+        .unwrap_or_else(|| pgrx::error!("pg_ticket: cannot represent the timestamp of {unix_ms} ms"));
     TableIterator::once((created_at, i32::from(machine_id), i32::from(sequence)))
 }
 
@@ -134,8 +133,7 @@ fn unix_ms_of(at: Option<TimestampWithTimeZone>) -> i64 {
     if !at.is_finite() {
         TicketError::InfiniteTime.raise();
     }
-    let micros_since_2000: i64 = at.into_inner();
-    micros_since_2000.div_euclid(1000) + PG_EPOCH_UNIX_MS
+    snowflake::unix_ms_of_timestamptz(at)
 }
 
 /// The lowest snowflake ID any machine can have in the millisecond of `at`

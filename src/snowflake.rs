@@ -33,16 +33,36 @@ pub fn init_shared_memory() {
     pg_shmem_init!(GENERATOR);
 }
 
+/// The wall clock in Unix ms: CLOCK_REALTIME through the vDSO, no system
+/// call. Before 1970 (a badly set clock) it is negative.
+#[inline]
+pub fn now_unix_ms() -> i64 {
+    match SystemTime::now().duration_since(UNIX_EPOCH) {
+        Ok(d) => d.as_millis() as i64,
+        Err(e) => -(e.duration().as_millis() as i64),
+    }
+}
+
+/// PostgreSQL timestamps count microseconds from 2000-01-01.
+const PG_EPOCH_UNIX_MS: i64 = 946_684_800_000;
+
+/// Unix ms as a timestamptz (None if PostgreSQL cannot represent it).
+pub fn timestamptz_of_unix_ms(unix_ms: i64) -> Option<TimestampWithTimeZone> {
+    TimestampWithTimeZone::try_from((unix_ms - PG_EPOCH_UNIX_MS) * 1000).ok()
+}
+
+/// The millisecond (rounded down) of a finite timestamptz, in Unix ms.
+pub fn unix_ms_of_timestamptz(at: TimestampWithTimeZone) -> i64 {
+    let micros_since_2000: i64 = at.into_inner();
+    micros_since_2000.div_euclid(1000) + PG_EPOCH_UNIX_MS
+}
+
 struct SystemClock;
 
 impl Clock for SystemClock {
     #[inline]
     fn now_unix_ms(&self) -> i64 {
-        // CLOCK_REALTIME through the vDSO: no system call.
-        match SystemTime::now().duration_since(UNIX_EPOCH) {
-            Ok(d) => d.as_millis() as i64,
-            Err(e) => -(e.duration().as_millis() as i64),
-        }
+        now_unix_ms()
     }
 
     fn pause(&self, millis: u64) {

@@ -11,11 +11,10 @@
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::errors::{postgres_errors_as_raised, TicketError};
 use crate::settings;
-use crate::snowflake;
+use crate::snowflake::{self, now_unix_ms, timestamptz_of_unix_ms as timestamp};
 use ticket_core::counter::CounterError;
 use ticket_core::snowflake::{SnowflakeError, MAX_TIMESTAMP_MS};
 use ticket_core::tickets::TicketsError;
@@ -59,15 +58,6 @@ pub fn count_refusal(error: &TicketError) {
 /// Count a `next_ticket()` caller that had to wait for a segment.
 pub fn count_ticket_wait() {
     COUNTERS.get().waits_ticket_refill.fetch_add(1, Ordering::Relaxed);
-}
-
-fn now_unix_ms() -> i64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
-
-/// PostgreSQL timestamps count microseconds from 2000-01-01.
-fn timestamp(unix_ms: i64) -> Option<TimestampWithTimeZone> {
-    TimestampWithTimeZone::try_from((unix_ms - 946_684_800_000) * 1000).ok()
 }
 
 const MS_PER_YEAR: f64 = 365.25 * 86_400_000.0;

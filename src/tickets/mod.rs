@@ -25,11 +25,11 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
+use crate::api::{required, scope_args};
 use crate::errors::{postgres_errors_as_raised, OrRaise, TicketError};
 use crate::names::Name;
 use crate::{settings, xact};
 use shmem::{Directory, Failure};
-use ticket_core::counter::check_name;
 use ticket_core::tickets::Take;
 
 
@@ -257,21 +257,13 @@ fn wait_for_segment(slot: &shmem::Slot, generation: u64, db: u32, deadline: Inst
     unsafe { pg_sys::ConditionVariableCancelSleep() };
 }
 
-fn scope<'a>(queue: Option<Name<'a>>, domain: Option<Name<'a>>) -> (Name<'a>, Name<'a>) {
-    let queue = queue.unwrap_or_else(|| TicketError::NullArgument("queue").raise());
-    let domain = domain.unwrap_or_else(|| TicketError::NullArgument("domain").raise());
-    check_name("queue", queue.bytes()).or_raise();
-    check_name("domain", domain.bytes()).or_raise();
-    (queue, domain)
-}
-
 /// The next ticket of `(queue, domain)`: unique and increasing on this
 /// server, never reused, not transactional, never waiting on another
 /// transaction.
 #[pg_extern(volatile, parallel_unsafe)]
 fn next_ticket(queue: Option<Name<'_>>, domain: Option<Name<'_>>) -> i64 {
     postgres_errors_as_raised(|| {
-        let (queue, domain) = scope(queue, domain);
+        let (queue, domain) = scope_args(queue, domain);
         next(queue, domain)
     })
 }
@@ -281,8 +273,8 @@ fn next_ticket(queue: Option<Name<'_>>, domain: Option<Name<'_>>) -> i64 {
 #[pg_extern(volatile, parallel_unsafe)]
 fn advance_ticket(queue: Option<Name<'_>>, domain: Option<Name<'_>>, mark: Option<i64>) -> i64 {
     postgres_errors_as_raised(|| {
-        let (queue, domain) = scope(queue, domain);
-        let mark = mark.unwrap_or_else(|| TicketError::NullArgument("mark").raise());
+        let (queue, domain) = scope_args(queue, domain);
+        let mark = required("mark", mark);
         if !settings::preloaded() {
             TicketError::NotPreloaded("advance_ticket").raise();
         }

@@ -22,7 +22,7 @@ use pgrx::pg_sys;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use super::shmem::{self, Directory, Failure};
 use super::split;
@@ -41,7 +41,7 @@ const FAST_MS: u64 = 1_000;
 const SLOW_MS: u64 = 30_000;
 
 fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    crate::snowflake::now_unix_ms().max(0) as u64
 }
 
 /// Make sure the worker of `db` runs, and wake it.
