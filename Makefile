@@ -46,7 +46,7 @@ test-version:
 	$(MAKE) test-integration
 
 test-unit:
-	cargo test -p ticket-core
+	cargo test -p ticket-core -p ticket-client
 
 # cargo pgrx test installs its own test build and runs a cluster as `postgres`.
 test-pgrx: setup

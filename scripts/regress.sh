@@ -26,7 +26,7 @@ run() { # config, port, tests...
         --dbname=regression "$@"
 }
 status=0
-suite=(counters prepared snowflake hardening helpers tickets)
+suite=(counters prepared snowflake hardening helpers tickets leases)
 if [ -n "${UPGRADE_FROM:-}" ]; then
     run preload.conf 55451 "upgrade_from_${UPGRADE_FROM//./_}" "${suite[@]}" || status=$?
 else

@@ -156,3 +156,88 @@ CREATE FUNCTION "assign_ticket"()
 	RETURNS TRIGGER
 	LANGUAGE c
 	AS 'MODULE_PATHNAME', 'assign_ticket_wrapper';
+
+-- Machine-id leases: the registry's tables, its functions (not PUBLIC) and view.
+CREATE TABLE pgticket.machine_id_leases (
+    machine_id integer PRIMARY KEY CHECK (machine_id BETWEEN 0 AND 1023),
+    holder text NOT NULL,
+    lease bigint NOT NULL,
+    leased_at timestamptz NOT NULL,
+    expires_at timestamptz NOT NULL,
+    ended_at timestamptz,
+    revoked boolean NOT NULL DEFAULT false,
+    last_issued_ms bigint,
+    not_before_ms bigint NOT NULL
+);
+CREATE SEQUENCE pgticket.lease_tokens;
+CREATE TABLE pgticket.lease_registry (
+    system_identifier bigint NOT NULL,
+    timeline integer NOT NULL,
+    database_oid oid NOT NULL,
+    grants_from timestamptz NOT NULL
+);
+INSERT INTO pgticket.lease_registry (system_identifier, timeline, database_oid, grants_from)
+SELECT s.system_identifier,
+       ('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::integer,
+       d.oid, pg_catalog.now()
+  FROM pg_catalog.pg_control_system() s, pg_catalog.pg_database d
+ WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database();
+SELECT pg_catalog.pg_extension_config_dump('pgticket.machine_id_leases', '');
+SELECT pg_catalog.pg_extension_config_dump('pgticket.lease_tokens', '');
+SELECT pg_catalog.pg_extension_config_dump('pgticket.lease_registry', '');
+REVOKE ALL ON pgticket.machine_id_leases, pgticket.lease_tokens, pgticket.lease_registry FROM PUBLIC;
+
+CREATE FUNCTION "lease_machine_id"(
+	"holder" text,
+	"ttl" interval DEFAULT '60 seconds'
+) RETURNS TABLE (
+	"machine_id" INT,
+	"lease" bigint,
+	"not_before_ms" bigint,
+	"expires_at" timestamp with time zone,
+	"epoch_ms" bigint
+)
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lease_machine_id_wrapper';
+
+CREATE FUNCTION "renew_machine_id"(
+	"machine_id" INT,
+	"lease" bigint,
+	"ttl" interval DEFAULT '60 seconds',
+	"last_issued_ms" bigint DEFAULT NULL
+) RETURNS timestamp with time zone
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'renew_machine_id_wrapper';
+
+CREATE FUNCTION "release_machine_id"(
+	"machine_id" INT,
+	"lease" bigint,
+	"last_issued_ms" bigint DEFAULT NULL
+) RETURNS void
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'release_machine_id_wrapper';
+
+CREATE FUNCTION "revoke_machine_lease"(
+	"machine_id" INT
+) RETURNS bool
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'revoke_machine_lease_wrapper';
+
+CREATE VIEW pgticket.machine_leases AS
+    SELECT machine_id, holder, lease, leased_at, expires_at, last_issued_ms,
+           CASE WHEN revoked THEN 'revoked'
+                WHEN ended_at IS NOT NULL THEN 'released'
+                WHEN expires_at > pg_catalog.clock_timestamp() THEN 'held'
+                ELSE 'expired' END AS state
+      FROM pgticket.machine_id_leases;
+COMMENT ON VIEW pgticket.machine_leases IS
+    'Each machine id''s latest lease: holder, fencing token, times, last reported stamp, state';
+REVOKE ALL ON pgticket.machine_leases FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION lease_machine_id(text, interval) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION renew_machine_id(integer, bigint, interval, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION release_machine_id(integer, bigint, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION revoke_machine_lease(integer) FROM PUBLIC;

@@ -36,6 +36,39 @@ CREATE TABLE pgticket.tickets (
     CONSTRAINT tickets_series CHECK (ticket_increment >= 1 AND ticket_offset BETWEEN 1 AND ticket_increment)
 );
 
+-- Machine-id leases (0.2.0): each machine id's latest lease (an id never
+-- leased has no row), the fencing tokens, and which server, timeline and
+-- database the registry has served as since when (a restore or promotion
+-- shows as another identity: the registry then holds off, SPEC §8 rule 7).
+CREATE TABLE pgticket.machine_id_leases (
+    machine_id integer PRIMARY KEY CHECK (machine_id BETWEEN 0 AND 1023),
+    holder text NOT NULL,
+    lease bigint NOT NULL,
+    leased_at timestamptz NOT NULL,
+    expires_at timestamptz NOT NULL,
+    ended_at timestamptz,
+    revoked boolean NOT NULL DEFAULT false,
+    last_issued_ms bigint,
+    not_before_ms bigint NOT NULL
+);
+CREATE SEQUENCE pgticket.lease_tokens;
+CREATE TABLE pgticket.lease_registry (
+    system_identifier bigint NOT NULL,
+    timeline integer NOT NULL,
+    database_oid oid NOT NULL,
+    grants_from timestamptz NOT NULL
+);
+INSERT INTO pgticket.lease_registry (system_identifier, timeline, database_oid, grants_from)
+SELECT s.system_identifier,
+       ('x' OPERATOR(pg_catalog.||) pg_catalog.substr(pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()), 1, 8))::pg_catalog.bit(32)::integer,
+       d.oid, pg_catalog.now()
+  FROM pg_catalog.pg_control_system() s, pg_catalog.pg_database d
+ WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database();
+SELECT pg_catalog.pg_extension_config_dump('pgticket.machine_id_leases', '');
+SELECT pg_catalog.pg_extension_config_dump('pgticket.lease_tokens', '');
+SELECT pg_catalog.pg_extension_config_dump('pgticket.lease_registry', '');
+REVOKE ALL ON pgticket.machine_id_leases, pgticket.lease_tokens, pgticket.lease_registry FROM PUBLIC;
+
 -- pg_dump carries every mark, so a restore continues where the dump left off.
 SELECT pg_catalog.pg_extension_config_dump('pgticket.scoped_counters', '');
 SELECT pg_catalog.pg_extension_config_dump('pgticket.blocks', '');

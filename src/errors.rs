@@ -4,6 +4,7 @@ use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 use pgrx::pg_sys::panic::CaughtError;
 use ticket_core::counter::CounterError;
+use ticket_core::leases::LeaseError;
 use ticket_core::local_marks::LimitReached;
 use ticket_core::snowflake::SnowflakeError;
 use ticket_core::tickets::TicketsError;
@@ -36,6 +37,8 @@ pub enum TicketError {
     NoSuchColumn { column: String, table: String },
     #[error("column {column:?} of table {table:?} is of type {type_name}; the trigger sets bigint, integer, smallint or numeric columns")]
     WrongColumnType { column: String, table: String, type_name: String },
+    #[error(transparent)]
+    Lease(#[from] ticket_core::leases::LeaseError),
     #[error("{value} does not fit the {type_name} column {column:?} of table {table:?}")]
     ValueDoesNotFit { value: i64, column: String, table: String, type_name: &'static str },
 }
@@ -65,6 +68,11 @@ impl TicketError {
             TicketError::NoSuchColumn { .. } => ERRCODE_UNDEFINED_COLUMN,
             TicketError::WrongColumnType { .. } => ERRCODE_DATATYPE_MISMATCH,
             TicketError::ValueDoesNotFit { .. } => ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
+            TicketError::Lease(LeaseError::BadTtl { .. } | LeaseError::TtlOverMax { .. } | LeaseError::BadIdList(_)) => {
+                ERRCODE_INVALID_PARAMETER_VALUE
+            }
+            TicketError::Lease(LeaseError::NoneFree { .. }) => ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            TicketError::Lease(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             TicketError::Snowflake(_) | TicketError::NotPreloaded(_) | TicketError::AllocationAfterFlush => {
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
@@ -88,6 +96,9 @@ impl TicketError {
                 Some("Split the transaction, or raise pg_ticket.max_transaction_entries for this session.")
             }
             TicketError::ValueDoesNotFit { .. } => Some("set_scoped_limit() keeps a series within a column's range."),
+            TicketError::Lease(LeaseError::NoneFree { .. }) => {
+                Some("Release ids no longer used, let dead holders' leases expire, or widen pg_ticket.lease_ids.")
+            }
             _ => None,
         }
     }

@@ -8,6 +8,7 @@
 //!   and clock rules live in the PostgreSQL-free `ticket-core` crate.
 //! - `tickets/`: `next_ticket()`: the scope cache in shared memory and the
 //!   per-database workers that reserve its segments.
+//! - `leases/`: the machine-id registry (lease, renew, release, revoke).
 //! - `status`: the `pgticket.status` view and its shared-memory counters.
 //! - `triggers`: `assign_scoped_id()` / `assign_ticket()`, per-row scopes.
 //! - `names`: `text` arguments as the database's bytes (any encoding).
@@ -20,6 +21,7 @@ use pgrx::prelude::*;
 mod api;
 mod counters;
 mod errors;
+mod leases;
 mod names;
 mod settings;
 mod snowflake;

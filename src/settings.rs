@@ -18,6 +18,7 @@ use pgrx::prelude::*;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use ticket_core::epoch::parse_epoch_ms;
+use ticket_core::leases::parse_id_list;
 use ticket_core::snowflake::check_machine_id;
 use ticket_core::tickets::Series;
 
@@ -33,6 +34,9 @@ static TICKET_STEP_MAX: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 static TICKET_WAIT_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(5_000);
 static TICKET_INCREMENT: GucSetting<i32> = GucSetting::<i32>::new(1);
 static TICKET_OFFSET: GucSetting<i32> = GucSetting::<i32>::new(1);
+static LEASE_MARGIN: GucSetting<i32> = GucSetting::<i32>::new(10_000);
+static LEASE_MAX_TTL: GucSetting<i32> = GucSetting::<i32>::new(600_000);
+static LEASE_IDS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"0-1023"));
 
 /// Set once in `_PG_init`; read on every `snowflake_id()` call, so kept as
 /// plain atomics rather than re-reading and re-parsing the settings.
@@ -75,6 +79,40 @@ pub fn init() {
         GucContext::Userset,
         GucFlags::UNIT_MS,
     );
+    // The registry's settings (reload): a registry need not preload.
+    GucRegistry::define_int_guc(
+        c"pg_ticket.lease_margin",
+        c"How long after a machine-id lease ends its id stays unleased; also the clock skew allowed between holders.",
+        c"A holder whose wall clock differs from the registry's by more than half of it refuses to issue.",
+        &LEASE_MARGIN,
+        ticket_core::leases::MIN_MARGIN_MS as i32,
+        ticket_core::leases::MAX_TTL_MS as i32,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"pg_ticket.lease_max_ttl",
+        c"The longest machine-id lease this registry grants.",
+        c"A registry restored from a dump or promoted grants nothing until this plus pg_ticket.lease_margin has passed.",
+        &LEASE_MAX_TTL,
+        ticket_core::leases::MIN_TTL_MS as i32,
+        ticket_core::leases::MAX_TTL_MS as i32,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"pg_ticket.lease_ids",
+            c"The machine ids this registry may lease, e.g. '0-99, 200'.",
+            c"The server's own pg_ticket.machine_id is never leased.",
+            &LEASE_IDS,
+            GucContext::Sighup,
+            GucFlags::default(),
+            Some(check_lease_ids),
+            None,
+            None,
+        );
+    }
     if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         return;
     }
@@ -225,6 +263,52 @@ unsafe extern "C-unwind" fn check_epoch(newval: *mut *mut c_char, _extra: *mut *
             false
         }
     }
+}
+
+/// Rejects a bad id list at `SET`/`ALTER SYSTEM`/reload time.
+#[pg_guard]
+unsafe extern "C-unwind" fn check_lease_ids(newval: *mut *mut c_char, _extra: *mut *mut c_void, _source: pg_sys::GucSource::Type) -> bool {
+    let value = unsafe { *newval };
+    let text = if value.is_null() { String::new() } else { unsafe { CStr::from_ptr(value) }.to_string_lossy().into_owned() };
+    match parse_id_list(&text) {
+        Ok(_) => true,
+        Err(e) => {
+            let detail = CString::new(e.to_string()).unwrap_or_default();
+            unsafe { pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr()) };
+            false
+        }
+    }
+}
+
+pub fn lease_margin_ms() -> i64 {
+    i64::from(LEASE_MARGIN.get())
+}
+
+pub fn lease_max_ttl_ms() -> i64 {
+    i64::from(LEASE_MAX_TTL.get())
+}
+
+/// The ids this registry may lease (checked when set).
+pub fn lease_ids() -> Vec<u16> {
+    let text = LEASE_IDS.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
+    parse_id_list(&text).unwrap_or_else(|e| pgrx::error!("pg_ticket.lease_ids: {e}"))
+}
+
+/// The ID space's epoch for a registry: this server's snowflake epoch, or,
+/// without preloading, the configured one as written.
+pub fn registry_epoch_unix_ms() -> i64 {
+    if preloaded() {
+        return epoch_unix_ms();
+    }
+    match raw_setting(c"pg_ticket.epoch") {
+        None => DEFAULT_EPOCH_UNIX_MS,
+        Some(text) => parse_epoch_ms(&text).unwrap_or_else(|e| pgrx::error!("pg_ticket.epoch: {e}")),
+    }
+}
+
+/// The machine id this server stamps into snowflake_id(), if it can issue any.
+pub fn own_snowflake_machine_id() -> Option<u16> {
+    preloaded().then(machine_id)
 }
 
 pub fn preloaded() -> bool {

@@ -7,8 +7,6 @@
 //! id to another holder until the old lease has fully ended plus a margin,
 //! and tells the new holder the earliest timestamp it may stamp
 //! (`not_before_ms`).
-//!
-//! Not wired into the extension yet (issue "Leases").
 
 use thiserror::Error;
 
@@ -22,6 +20,24 @@ pub const MIN_MARGIN_MS: i64 = 1_000;
 pub enum LeaseError {
     #[error("a lease lasts from 1 second to 1 day, not {ttl_ms} ms")]
     BadTtl { ttl_ms: i64 },
+    #[error("a lease lasts at most pg_ticket.lease_max_ttl ({max_ttl_ms} ms) on this registry, not {ttl_ms} ms")]
+    TtlOverMax { ttl_ms: i64, max_ttl_ms: i64 },
+    #[error("machine id {machine_id} was never leased by this registry")]
+    NeverLeased { machine_id: u16 },
+    #[error("lease {lease} of machine id {machine_id} is no longer its current lease (lease {current} is); stop issuing and lease anew")]
+    Superseded { machine_id: u16, lease: i64, current: i64 },
+    #[error("lease {lease} of machine id {machine_id} expired {ago_ms} ms ago; stop issuing and lease anew")]
+    Expired { machine_id: u16, lease: i64, ago_ms: i64 },
+    #[error("lease {lease} of machine id {machine_id} was released; lease anew")]
+    Released { machine_id: u16, lease: i64 },
+    #[error("lease {lease} of machine id {machine_id} was revoked; stop issuing and lease anew")]
+    Revoked { machine_id: u16, lease: i64 },
+    #[error("lease {lease} of machine id {machine_id} was granted before this registry was restored or promoted; stop issuing and lease anew")]
+    Forgotten { machine_id: u16, lease: i64 },
+    #[error("this registry was restored or promoted and may have forgotten leases: it grants again in {wait_ms} ms (pg_ticket.lease_max_ttl plus pg_ticket.lease_margin after it started serving)")]
+    HoldOff { wait_ms: i64 },
+    #[error("no machine id is free: {held} held, {cooling} within pg_ticket.lease_margin of their end{}", match .next_free_in_ms { Some(ms) => format!("; the next frees in {ms} ms"), None => String::new() })]
+    NoneFree { held: usize, cooling: usize, next_free_in_ms: Option<i64> },
     #[error("{0:?} is not a list of machine ids: write ranges like '0-99, 200, 300-310' within 0..1023")]
     BadIdList(String),
 }
@@ -96,27 +112,122 @@ impl LastLease {
     }
 }
 
-/// The id to grant at `now_ms` among `allowed`: never `own_id` (the
-/// registry's own snowflake machine id); an id never leased first, then the
-/// one free the longest. None if every id is held or within its margin.
-pub fn choose_id(
+/// Which ids may be granted at `now_ms`, and why the others may not.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Availability {
+    /// Grantable ids in the order to try them: never leased first, then the
+    /// one free the longest (a row another grant has locked is skipped and
+    /// the next tried).
+    pub free: Vec<u16>,
+    /// Ids under a lease that has not ended.
+    pub held: usize,
+    /// Ids whose lease ended less than the margin ago.
+    pub cooling: usize,
+    /// When the first held or cooling id frees up (None: nothing will).
+    pub next_free_ms: Option<i64>,
+}
+
+/// Among `allowed`, never `own_id` (the registry's own snowflake machine
+/// id). `last(id)` is the id's last lease, None if never leased.
+pub fn availability(
     allowed: &[u16],
     own_id: Option<u16>,
     last: impl Fn(u16) -> Option<LastLease>,
     now_ms: i64,
     margin_ms: i64,
-) -> Option<u16> {
-    allowed
-        .iter()
-        .copied()
-        .filter(|id| Some(*id) != own_id)
-        .filter_map(|id| match last(id) {
-            None => Some((i64::MIN, id)),
-            Some(lease) if lease.free_from_ms(margin_ms) <= now_ms => Some((lease.free_from_ms(margin_ms), id)),
-            Some(_) => None,
-        })
-        .min()
-        .map(|(_, id)| id)
+) -> Availability {
+    let mut free = Vec::new();
+    let (mut held, mut cooling, mut next_free_ms) = (0, 0, None::<i64>);
+    for id in allowed.iter().copied().filter(|id| Some(*id) != own_id) {
+        match last(id) {
+            None => free.push((i64::MIN, id)),
+            Some(lease) => {
+                let free_from = lease.free_from_ms(margin_ms);
+                if free_from <= now_ms {
+                    free.push((free_from, id));
+                } else {
+                    if lease.end_ms() > now_ms {
+                        held += 1;
+                    } else {
+                        cooling += 1;
+                    }
+                    next_free_ms = Some(next_free_ms.map_or(free_from, |t| t.min(free_from)));
+                }
+            }
+        }
+    }
+    free.sort_unstable();
+    Availability { free: free.into_iter().map(|(_, id)| id).collect(), held, cooling, next_free_ms }
+}
+
+/// May a lease be granted (or renewed) for `ttl_ms` under a registry whose
+/// longest is `max_ttl_ms` (`pg_ticket.lease_max_ttl`)?
+pub fn check_ttl_within(ttl_ms: i64, max_ttl_ms: i64) -> Result<i64, LeaseError> {
+    check_ttl(ttl_ms)?;
+    if ttl_ms > max_ttl_ms {
+        return Err(LeaseError::TtlOverMax { ttl_ms, max_ttl_ms });
+    }
+    Ok(ttl_ms)
+}
+
+/// A registry that may have forgotten leases (restored from a dump,
+/// promoted from a replica that had not replayed every grant) grants from
+/// this time on: every lease it may have forgotten was granted before it
+/// started serving, for at most the longest ttl it allows, and its holder
+/// may have stamped until its end plus the margin (SPEC §8 rule 7).
+pub fn grants_resume_at(serving_since_ms: i64, max_ttl_ms: i64, margin_ms: i64) -> i64 {
+    serving_since_ms + max_ttl_ms + margin_ms
+}
+
+/// An id's current lease as the registry has it, for renewals and releases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CurrentLease {
+    pub machine_id: u16,
+    pub lease: i64,
+    pub leased_at_ms: i64,
+    pub expires_at_ms: i64,
+    pub ended_at_ms: Option<i64>,
+    pub revoked: bool,
+}
+
+/// May the holder of `lease` renew it at `now_ms`? Only the id's current
+/// lease, not ended, not expired, and granted since the registry started
+/// serving (`serving_since_ms`: a restored or promoted registry may have
+/// granted the id again after the lease it remembers).
+pub fn check_renewal(
+    current: Option<&CurrentLease>,
+    machine_id: u16,
+    lease: i64,
+    now_ms: i64,
+    serving_since_ms: i64,
+) -> Result<(), LeaseError> {
+    let current = current.ok_or(LeaseError::NeverLeased { machine_id })?;
+    if current.lease != lease {
+        return Err(LeaseError::Superseded { machine_id, lease, current: current.lease });
+    }
+    if current.revoked {
+        return Err(LeaseError::Revoked { machine_id, lease });
+    }
+    if current.ended_at_ms.is_some() {
+        return Err(LeaseError::Released { machine_id, lease });
+    }
+    if current.leased_at_ms < serving_since_ms {
+        return Err(LeaseError::Forgotten { machine_id, lease });
+    }
+    if current.expires_at_ms <= now_ms {
+        return Err(LeaseError::Expired { machine_id, lease, ago_ms: now_ms - current.expires_at_ms });
+    }
+    Ok(())
+}
+
+/// May the holder of `lease` release it? Its own lease, in any state (a
+/// second release, or one after expiry, only records the last stamp).
+pub fn check_release(current: Option<&CurrentLease>, machine_id: u16, lease: i64) -> Result<(), LeaseError> {
+    let current = current.ok_or(LeaseError::NeverLeased { machine_id })?;
+    if current.lease != lease {
+        return Err(LeaseError::Superseded { machine_id, lease, current: current.lease });
+    }
+    Ok(())
 }
 
 /// A holder's conservative reckoning of its lease, on a clock that keeps
@@ -214,13 +325,44 @@ mod tests {
             0 => Some(lease(10_000, None, false, None)),  // free since 20 000
             1 => Some(lease(30_000, None, false, None)),  // free since 40 000
             2 => Some(lease(95_000, None, false, None)),  // within its margin at 100 000
+            4 => Some(lease(200_000, None, false, None)), // held until 200 000
             _ => None,
         };
-        assert_eq!(choose_id(&[0, 1, 2], None, leases, 100_000, MARGIN), Some(0), "free the longest");
-        assert_eq!(choose_id(&[0, 1, 2, 3], None, leases, 100_000, MARGIN), Some(3), "never used first");
-        assert_eq!(choose_id(&[0, 1, 2, 3], Some(3), leases, 100_000, MARGIN), Some(0), "never its own id");
-        assert_eq!(choose_id(&[2], None, leases, 100_000, MARGIN), None, "all held or within the margin");
-        assert_eq!(choose_id(&[2], None, leases, 105_000, MARGIN), Some(2), "free once the margin passed");
+        let free = |allowed: &[u16], own, now| availability(allowed, own, leases, now, MARGIN).free;
+        assert_eq!(free(&[1, 0, 2], None, 100_000), vec![0, 1], "free the longest first");
+        assert_eq!(free(&[0, 1, 2, 3], None, 100_000), vec![3, 0, 1], "never used first");
+        assert_eq!(free(&[0, 1, 2, 3], Some(3), 100_000), vec![0, 1], "never its own id");
+        assert_eq!(free(&[2], None, 105_000), vec![2], "free once the margin passed");
+        let none = availability(&[2, 4], None, leases, 100_000, MARGIN);
+        assert_eq!(
+            none,
+            Availability { free: vec![], held: 1, cooling: 1, next_free_ms: Some(105_000) },
+            "one held, one within its margin; the first frees at 105 000"
+        );
+    }
+
+    #[test]
+    fn a_registry_caps_the_ttl_and_holds_off_for_the_longest_after_a_restore() {
+        assert_eq!(check_ttl_within(60_000, 600_000), Ok(60_000));
+        assert_eq!(check_ttl_within(600_001, 600_000), Err(LeaseError::TtlOverMax { ttl_ms: 600_001, max_ttl_ms: 600_000 }));
+        assert_eq!(check_ttl_within(500, 600_000), Err(LeaseError::BadTtl { ttl_ms: 500 }));
+        assert_eq!(grants_resume_at(1_000_000, 600_000, MARGIN), 1_610_000);
+    }
+
+    #[test]
+    fn only_the_current_live_lease_renews() {
+        let cur = CurrentLease { machine_id: 5, lease: 42, leased_at_ms: 1_000, expires_at_ms: 61_000, ended_at_ms: None, revoked: false };
+        assert_eq!(check_renewal(Some(&cur), 5, 42, 60_999, 0), Ok(()));
+        assert_eq!(check_renewal(Some(&cur), 5, 42, 61_000, 0), Err(LeaseError::Expired { machine_id: 5, lease: 42, ago_ms: 0 }));
+        assert_eq!(check_renewal(Some(&cur), 5, 41, 2_000, 0), Err(LeaseError::Superseded { machine_id: 5, lease: 41, current: 42 }));
+        assert_eq!(check_renewal(None, 5, 42, 2_000, 0), Err(LeaseError::NeverLeased { machine_id: 5 }));
+        let released = CurrentLease { ended_at_ms: Some(2_000), ..cur };
+        assert_eq!(check_renewal(Some(&released), 5, 42, 3_000, 0), Err(LeaseError::Released { machine_id: 5, lease: 42 }));
+        let revoked = CurrentLease { revoked: true, ended_at_ms: Some(2_000), ..cur };
+        assert_eq!(check_renewal(Some(&revoked), 5, 42, 3_000, 0), Err(LeaseError::Revoked { machine_id: 5, lease: 42 }));
+        assert_eq!(check_renewal(Some(&cur), 5, 42, 3_000, 1_500), Err(LeaseError::Forgotten { machine_id: 5, lease: 42 }));
+        assert_eq!(check_release(Some(&released), 5, 42), Ok(()), "a second release is harmless");
+        assert_eq!(check_release(Some(&cur), 5, 7), Err(LeaseError::Superseded { machine_id: 5, lease: 7, current: 42 }));
     }
 
     #[test]

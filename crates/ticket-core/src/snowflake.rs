@@ -215,6 +215,22 @@ pub struct Activity {
 }
 
 impl SharedState {
+    /// A generator that needs no durable mark and issues only above
+    /// `floor_unix_ms`: a leased generator (`crates/ticket-client`), whose
+    /// lease says how far back earlier holders of its machine id may have
+    /// stamped (`not_before_ms`). A clock behind the floor is waited out up
+    /// to `MAX_BACKWARD_WAIT_MS`, refused beyond.
+    pub fn starting_after(floor_unix_ms: i64, epoch_unix_ms: i64) -> Self {
+        let floor_ms = floor_unix_ms.saturating_sub(epoch_unix_ms).clamp(0, MAX_TIMESTAMP_MS as i64) as u64;
+        SharedState {
+            last: AtomicU64::new(if floor_unix_ms < epoch_unix_ms { 0 } else { state_after_millisecond(floor_ms) }),
+            reserved_until: AtomicU64::new(MAX_TIMESTAMP_MS),
+            floor: AtomicU64::new(u64::MAX),
+            loaded: AtomicBool::new(true),
+            ..SharedState::default()
+        }
+    }
+
     pub fn last_state(&self) -> u64 {
         self.last.load(Ordering::Acquire)
     }
@@ -814,6 +830,42 @@ mod tests {
         assert_eq!(gen(&state, &late), Err(SnowflakeError::TimestampExhausted));
     }
 
+    struct NoStore;
+    impl MarkStore for NoStore {
+        fn load(&self) -> Result<Option<i64>, SnowflakeError> {
+            Ok(None)
+        }
+        fn location(&self) -> String {
+            "nowhere".into()
+        }
+        fn save(&self, _: i64) -> Result<(), String> {
+            panic!("a generator starting after a floor writes no mark")
+        }
+    }
+
+    #[test]
+    fn a_generator_starting_after_a_floor_stamps_above_it_and_waits_at_most_10ms() {
+        let floor = EPOCH + 50_000;
+        let state = SharedState::starting_after(floor, EPOCH);
+        let ahead = FakeClock::at(50_001);
+        let id = next_id(&state, &ahead, &NoStore, EPOCH, 7).unwrap();
+        assert_eq!(decompose(id).unwrap().millis, 50_001);
+
+        let state = SharedState::starting_after(floor, EPOCH);
+        let slightly_behind = FakeClock::at(49_995);
+        let id = next_id(&state, &slightly_behind, &NoStore, EPOCH, 7).unwrap();
+        assert_eq!(decompose(id).unwrap().millis, 50_001, "never at the floor itself");
+
+        let state = SharedState::starting_after(floor, EPOCH);
+        assert_eq!(
+            next_id(&state, &FakeClock::at(49_000), &NoStore, EPOCH, 7),
+            Err(SnowflakeError::ClockBehind { behind_ms: 1_000, allowed_ms: MAX_BACKWARD_WAIT_MS })
+        );
+        // A floor before the epoch (an id never leased: 0) holds nothing back.
+        let state = SharedState::starting_after(0, EPOCH);
+        assert_eq!(decompose(next_id(&state, &FakeClock::at(5), &NoStore, EPOCH, 7).unwrap()).unwrap().millis, 5);
+    }
+
     #[test]
     fn threads_sharing_one_state_never_collide() {
         struct SystemClock;
@@ -825,19 +877,7 @@ mod tests {
                 std::thread::yield_now();
             }
         }
-        struct NoStore;
-        impl MarkStore for NoStore {
-            fn load(&self) -> Result<Option<i64>, SnowflakeError> {
-                Ok(None)
-            }
-            fn location(&self) -> String {
-                "nowhere".into()
-            }
-            fn save(&self, _: i64) -> Result<(), String> {
-                Ok(())
-            }
-        }
-        let state = SharedState::default();
+        let state = SharedState::starting_after(0, EPOCH);
         let per_thread: Vec<Vec<i64>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..4)
                 .map(|_| s.spawn(|| (0..20_000).map(|_| next_id(&state, &SystemClock, &NoStore, EPOCH, 1).unwrap()).collect::<Vec<_>>()))

@@ -1,0 +1,273 @@
+//! A block pool (Leaf-segment on the client, SPEC §9): IDs handed out from
+//! a block taken with `reserve_block`, the next block fetched by a
+//! background thread once the current one is half used, so a database
+//! outage is ridden out until both run out.
+//!
+//! Locking rule: one mutex guards the two blocks; taking an ID holds it for
+//! an increment. The fetcher thread holds it only to hand a block over or
+//! drop blocks, never across a database call. A caller that finds both
+//! blocks spent waits on a condition variable, at most `wait_timeout`.
+//!
+//! Lost replies: if the connection fails during `reserve_block`, the block
+//! may have been reserved and committed without the reply arriving. The
+//! pool never guesses which range that was: it reserves anew, and the lost
+//! range stays a gap. After any reconnect it compares the blocks it holds
+//! with `current_block_mark`: a block ending above the mark is one the
+//! database no longer has (restored from an older backup) and is dropped.
+
+use postgres::{Client, NoTls};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::ClientError;
+
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    pub dsn: String,
+    /// The block counter's name (`reserve_block(name, size)`).
+    pub name: String,
+    pub block_size: i64,
+    /// How long `next_id` waits for a block when both are spent.
+    pub wait_timeout: Duration,
+    /// Pause between failed calls to the database.
+    pub retry_interval: Duration,
+}
+
+impl PoolConfig {
+    pub fn new(dsn: impl Into<String>, name: impl Into<String>, block_size: i64) -> Self {
+        PoolConfig {
+            dsn: dsn.into(),
+            name: name.into(),
+            block_size,
+            wait_timeout: Duration::from_secs(5),
+            retry_interval: Duration::from_millis(200),
+        }
+    }
+}
+
+/// What the pool has done, for monitoring and tests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    pub blocks_reserved: u64,
+    /// Reservations whose reply was lost (the range is a gap).
+    pub lost_replies: u64,
+    /// Blocks dropped after a reconnect because they end above the mark.
+    pub blocks_discarded: u64,
+    pub ids_handed_out: u64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Block {
+    next: i64,
+    last: i64,
+}
+
+impl Block {
+    fn left(&self) -> i64 {
+        self.last - self.next + 1
+    }
+}
+
+#[derive(Default)]
+struct State {
+    current: Option<Block>,
+    ahead: Option<Block>,
+    stop: bool,
+    last_error: Option<String>,
+    stats: PoolStats,
+}
+
+impl State {
+    fn wants_block(&self, size: i64) -> bool {
+        self.ahead.is_none() && self.current.is_none_or(|b| b.left() * 2 <= size)
+    }
+}
+
+struct Shared {
+    config: PoolConfig,
+    state: Mutex<State>,
+    changed: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+pub struct BlockPool {
+    shared: Arc<Shared>,
+    fetcher: Option<JoinHandle<()>>,
+}
+
+impl BlockPool {
+    pub fn start(config: PoolConfig) -> Result<Self, ClientError> {
+        ticket_core::counter::check_block_size(config.block_size).map_err(|e| ClientError::BlocksExhausted {
+            name: config.name.clone(),
+            waited_ms: 0,
+            last_error: Some(e.to_string()),
+        })?;
+        let shared = Arc::new(Shared { config, state: Mutex::new(State::default()), changed: Condvar::new() });
+        let thread_shared = Arc::clone(&shared);
+        let fetcher = std::thread::Builder::new()
+            .name("ticket-blocks".into())
+            .spawn(move || Fetcher { shared: thread_shared, conn: None, reconnected: false, in_flight: false }.run())
+            .expect("spawn the block thread");
+        Ok(BlockPool { shared, fetcher: Some(fetcher) })
+    }
+
+    pub fn next_id(&self) -> Result<i64, ClientError> {
+        let size = self.shared.config.block_size;
+        let started = Instant::now();
+        let mut st = self.shared.lock();
+        loop {
+            if st.current.is_none_or(|b| b.left() == 0) {
+                st.current = st.ahead.take();
+            }
+            if let Some(block) = st.current.as_mut().filter(|b| b.left() > 0) {
+                let id = block.next;
+                block.next += 1;
+                st.stats.ids_handed_out += 1;
+                if st.wants_block(size) {
+                    self.shared.changed.notify_all();
+                }
+                return Ok(id);
+            }
+            self.shared.changed.notify_all();
+            let waited = started.elapsed();
+            if waited >= self.shared.config.wait_timeout {
+                return Err(ClientError::BlocksExhausted {
+                    name: self.shared.config.name.clone(),
+                    waited_ms: waited.as_millis() as u64,
+                    last_error: st.last_error.clone(),
+                });
+            }
+            st = self.shared.changed.wait_timeout(st, self.shared.config.wait_timeout - waited).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        self.shared.lock().stats
+    }
+
+    /// The ranges held and not yet handed out (first, last).
+    pub fn unused(&self) -> Vec<(i64, i64)> {
+        let st = self.shared.lock();
+        [st.current, st.ahead].into_iter().flatten().filter(|b| b.left() > 0).map(|b| (b.next, b.last)).collect()
+    }
+}
+
+impl BlockPool {
+    fn stop_fetcher(&mut self) {
+        self.shared.lock().stop = true;
+        self.shared.changed.notify_all();
+        if let Some(t) = self.fetcher.take() {
+            let _ = t.join();
+        }
+    }
+
+    /// Stop (after a reservation under way has finished) and say what is
+    /// left: the stats and the ranges reserved but never handed out (an
+    /// application may log them; they are gaps).
+    pub fn close(mut self) -> (PoolStats, Vec<(i64, i64)>) {
+        self.stop_fetcher();
+        (self.stats(), self.unused())
+    }
+}
+
+impl Drop for BlockPool {
+    fn drop(&mut self) {
+        self.stop_fetcher();
+    }
+}
+
+struct Fetcher {
+    shared: Arc<Shared>,
+    conn: Option<Client>,
+    /// A connection was lost since the blocks were last checked.
+    reconnected: bool,
+    /// A reservation was sent and its reply not read yet.
+    in_flight: bool,
+}
+
+impl Fetcher {
+    fn connect(&mut self) -> Result<&mut Client, postgres::Error> {
+        if self.conn.as_ref().is_none_or(|c| c.is_closed()) {
+            let mut config: postgres::Config = self.shared.config.dsn.parse()?;
+            if config.get_connect_timeout().is_none() {
+                config.connect_timeout(Duration::from_secs(5));
+            }
+            config.tcp_user_timeout(Duration::from_secs(10));
+            self.conn = Some(config.connect(NoTls)?);
+        }
+        Ok(self.conn.as_mut().expect("connected"))
+    }
+
+    fn run(mut self) {
+        let size = self.shared.config.block_size;
+        loop {
+            {
+                let mut st = self.shared.lock();
+                while !st.stop && !st.wants_block(size) {
+                    st = self.shared.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                }
+                if st.stop {
+                    return;
+                }
+            }
+            if let Err(e) = self.fetch() {
+                let connection_failed = e.code().is_none();
+                // The reservation may have committed: its range is a gap.
+                let lost_reply = std::mem::take(&mut self.in_flight) && connection_failed;
+                if connection_failed {
+                    self.conn = None;
+                    self.reconnected = true;
+                }
+                let mut st = self.shared.lock();
+                st.last_error = Some(e.as_db_error().map(|d| d.message().to_string()).unwrap_or_else(|| e.to_string()));
+                if lost_reply {
+                    st.stats.lost_replies += 1;
+                }
+                let pause = self.shared.config.retry_interval;
+                if !st.stop {
+                    drop(self.shared.changed.wait_timeout(st, pause));
+                }
+            }
+        }
+    }
+
+    fn fetch(&mut self) -> Result<(), postgres::Error> {
+        let name = self.shared.config.name.clone();
+        let size = self.shared.config.block_size;
+        if self.reconnected {
+            let mark: i64 = self.connect()?.query_one("SELECT current_block_mark($1)", &[&name])?.get(0);
+            let mut guard = self.shared.lock();
+            let st = &mut *guard;
+            for slot in [&mut st.current, &mut st.ahead] {
+                if slot.is_some_and(|b| b.last > mark) {
+                    *slot = None;
+                    st.stats.blocks_discarded += 1;
+                }
+            }
+            self.reconnected = false;
+        }
+        self.connect()?;
+        self.in_flight = true;
+        let conn = self.conn.as_mut().expect("connected");
+        let row = conn.query_one("SELECT first_id, last_id FROM reserve_block($1, $2)", &[&name, &size])?;
+        self.in_flight = false;
+        let block = Block { next: row.get(0), last: row.get(1) };
+        let mut st = self.shared.lock();
+        st.stats.blocks_reserved += 1;
+        st.last_error = None;
+        if st.current.is_none_or(|b| b.left() == 0) {
+            st.current = Some(block);
+        } else {
+            st.ahead = Some(block);
+        }
+        drop(st);
+        self.shared.changed.notify_all();
+        Ok(())
+    }
+}

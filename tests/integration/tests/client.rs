@@ -1,0 +1,303 @@
+//! `crates/ticket-client` against a real registry, with real processes
+//! (`ticket-worker`), real kills and real outages (SPEC §9).
+
+use pg_ticket_integration::Cluster;
+use rand::Rng;
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use ticket_client::{GeneratorConfig, LeasedGenerator};
+use ticket_core::snowflake::decompose;
+
+const EPOCH_MS: i64 = 1_767_225_600_000;
+
+fn worker(args: &[&str]) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ticket-worker"));
+    cmd.args(args).stdin(Stdio::null());
+    cmd
+}
+
+/// Every (id, token) record a worker wrote (a torn last record of a killed
+/// one is ignored).
+fn records(path: &Path) -> Vec<(i64, i64)> {
+    let mut bytes = Vec::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        f.read_to_end(&mut bytes).unwrap();
+    }
+    bytes
+        .chunks_exact(16)
+        .map(|r| (i64::from_le_bytes(r[..8].try_into().unwrap()), i64::from_le_bytes(r[8..].try_into().unwrap())))
+        .collect()
+}
+
+fn stamp_ms(id: i64) -> i64 {
+    EPOCH_MS + decompose(id).unwrap().millis as i64
+}
+
+fn signal(child: &Child, sig: i32) {
+    assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0, "kill {sig}");
+}
+
+fn duplicates(mut ids: Vec<i64>) -> usize {
+    let n = ids.len();
+    ids.sort_unstable();
+    ids.dedup();
+    n - ids.len()
+}
+
+#[test]
+fn eight_processes_killed_and_restarted_with_the_registry_restarted_never_share_an_id() {
+    let registry = Cluster::start("client-churn", 55456, &["pg_ticket.lease_margin = '1s'", "max_connections = 100"]);
+    let dsn = registry.dsn();
+    let dir = PathBuf::from("/tmp/pgt-client-churn/ids");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut rng = rand::thread_rng();
+    let mut files = Vec::new();
+    let spawn = |slot: usize, files: &mut Vec<PathBuf>, rng: &mut rand::rngs::ThreadRng| -> Child {
+        let out = dir.join(format!("w{slot}-{}", files.len()));
+        files.push(out.clone());
+        // Some finish their count and release cleanly; most are killed first.
+        let count = rng.gen_range(5_000..60_000).to_string();
+        worker(&["gen", &dsn, &format!("churn-{slot}"), "3000", out.to_str().unwrap(), &count]).spawn().expect("spawn ticket-worker")
+    };
+    let mut slots: Vec<Child> = (0..8).map(|i| spawn(i, &mut files, &mut rng)).collect();
+    let started = Instant::now();
+    let (mut kills, mut clean_exits, mut registry_restarted) = (0, 0, false);
+    let total = |files: &[PathBuf]| files.iter().map(|f| std::fs::metadata(f).map(|m| m.len() / 16).unwrap_or(0)).sum::<u64>();
+    while total(&files) < 1_000_000 || started.elapsed() < Duration::from_secs(12) || !registry_restarted {
+        assert!(started.elapsed() < Duration::from_secs(120), "only {} IDs in 120 s", total(&files));
+        std::thread::sleep(Duration::from_millis(rng.gen_range(100..400)));
+        let slot = rng.gen_range(0..8);
+        if let Some(status) = slots[slot].try_wait().unwrap() {
+            assert!(status.success(), "worker {slot} failed: {status}");
+            clean_exits += 1;
+            slots[slot] = spawn(slot, &mut files, &mut rng);
+        } else if rng.gen_bool(0.6) {
+            signal(&slots[slot], libc::SIGKILL);
+            slots[slot].wait().unwrap();
+            kills += 1;
+            slots[slot] = spawn(slot, &mut files, &mut rng);
+        }
+        if !registry_restarted && started.elapsed() > Duration::from_secs(6) {
+            registry.stop_with("fast");
+            std::thread::sleep(Duration::from_millis(500));
+            registry.up(None);
+            registry_restarted = true;
+        }
+    }
+    for mut child in slots {
+        signal(&child, libc::SIGKILL);
+        child.wait().unwrap();
+    }
+    let all: Vec<(i64, i64)> = files.iter().flat_map(|f| records(f)).collect();
+    let ids: Vec<i64> = all.iter().map(|r| r.0).collect();
+    let machines: std::collections::HashSet<u16> = ids.iter().map(|&id| decompose(id).unwrap().machine_id).collect();
+    eprintln!(
+        "churn: {} IDs from {} processes ({kills} killed, {clean_exits} finished and released), {} machine ids, registry restarted once, in {:?}",
+        ids.len(),
+        files.len(),
+        machines.len(),
+        started.elapsed()
+    );
+    assert!(ids.len() >= 1_000_000);
+    assert!(kills >= 10, "only {kills} kills");
+    assert_eq!(duplicates(ids), 0, "an ID was issued twice");
+    // Each lease (token) stamped with one machine id only.
+    let mut machine_of: HashMap<i64, u16> = HashMap::new();
+    for (id, token) in &all {
+        let m = decompose(*id).unwrap().machine_id;
+        assert_eq!(*machine_of.entry(*token).or_insert(m), m, "lease {token} stamped two machine ids");
+    }
+}
+
+#[test]
+fn a_generator_cut_off_from_the_registry_stops_before_its_lease_can_end_and_resumes_with_a_new_lease() {
+    let registry = Cluster::start("client-cutoff", 55457, &["pg_ticket.lease_margin = '1s'"]);
+    let mut config = GeneratorConfig::new(registry.dsn(), "cut-off");
+    config.ttl = Duration::from_secs(3);
+    config.retry_interval = Duration::from_millis(100);
+    let generator = Arc::new(LeasedGenerator::start(config).unwrap());
+    let first = generator.wait_for_lease(Duration::from_secs(10)).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let last_ok_under_first = Arc::new(AtomicU64::new(0));
+    let drawing = {
+        let (generator, stop, last_ok) = (Arc::clone(&generator), Arc::clone(&stop), Arc::clone(&last_ok_under_first));
+        let t0 = Instant::now();
+        std::thread::spawn(move || {
+            let mut issued = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok((id, token)) = generator.next_id_with_lease() {
+                    if token == first.lease {
+                        last_ok.store(t0.elapsed().as_millis() as u64, Ordering::Relaxed);
+                    }
+                    issued.push((id, token));
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            (t0, issued)
+        })
+    };
+    std::thread::sleep(Duration::from_secs(2));
+    registry.stop_with("immediate");
+    let cut_at = Instant::now();
+    // What the generator last heard from the registry: the lease's end.
+    let known_end_ms = generator.lease().unwrap().expires_at_ms;
+    std::thread::sleep(Duration::from_secs(5));
+    registry.up(None);
+    let resumed = loop {
+        if let Some(g) = generator.lease().filter(|g| g.lease != first.lease) {
+            break g;
+        }
+        assert!(cut_at.elapsed() < Duration::from_secs(30), "no new lease 25 s after the registry came back");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    stop.store(true, Ordering::Relaxed);
+    let (t0, issued) = drawing.join().unwrap();
+    let cut_ms = cut_at.duration_since(t0).as_millis() as i64;
+    let kept_issuing_ms = last_ok_under_first.load(Ordering::Relaxed) as i64 - cut_ms;
+    eprintln!("cut off: kept issuing {kept_issuing_ms} ms after the registry stopped (ttl 3000 ms); new lease {} on id {}", resumed.lease, resumed.machine_id);
+    assert!(kept_issuing_ms < 3_000, "issued {kept_issuing_ms} ms after the cut, past any possible lease end");
+    let under_first: Vec<i64> = issued.iter().filter(|r| r.1 == first.lease).map(|r| r.0).collect();
+    assert!(!under_first.is_empty());
+    assert!(under_first.iter().all(|&id| stamp_ms(id) < known_end_ms), "a stamp past the lease's end at the registry");
+    assert!(issued.iter().any(|r| r.1 == resumed.lease), "resumed issuing under the new lease");
+    assert!(resumed.lease > first.lease);
+    assert_eq!(duplicates(issued.iter().map(|r| r.0).collect()), 0);
+}
+
+#[test]
+fn a_generator_frozen_past_its_lease_issues_nothing_until_it_holds_a_new_one() {
+    let registry = Cluster::start("client-frozen", 55458, &["pg_ticket.lease_margin = '1s'", "pg_ticket.lease_ids = '1'"]);
+    let out = PathBuf::from("/tmp/pgt-client-frozen/ids");
+    let _ = std::fs::remove_file(&out);
+    let mut child = worker(&["gen", &registry.dsn(), "frozen", "2000", out.to_str().unwrap(), "100000000"]).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while records(&out).len() < 1_000 {
+        assert!(Instant::now() < deadline, "the worker issued nothing");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let old_token = records(&out)[0].1;
+    signal(&child, libc::SIGSTOP);
+    // Past its ttl (2 s) plus the margin (1 s): the id is free, and taken.
+    std::thread::sleep(Duration::from_millis(3_500));
+    let mut db = registry.connect();
+    let intruder = db.query_one("SELECT lease, not_before_ms FROM lease_machine_id('intruder', '60 seconds')", &[]).unwrap();
+    let (intruder_lease, intruder_not_before): (i64, i64) = (intruder.get(0), intruder.get(1));
+    signal(&child, libc::SIGCONT);
+    std::thread::sleep(Duration::from_secs(2));
+    let during = records(&out);
+    assert!(during.iter().all(|r| r.1 == old_token), "a lease while the only id was held by another");
+    let late: Vec<&(i64, i64)> = during.iter().filter(|r| stamp_ms(r.0) >= intruder_not_before).collect();
+    assert!(late.is_empty(), "{} IDs stamped after the lease ended (renewed too late)", late.len());
+    // The intruder goes; after the margin the worker leases again and goes on.
+    db.execute("SELECT release_machine_id(1, $1)", &[&intruder_lease]).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !records(&out).iter().any(|r| r.1 != old_token) {
+        assert!(Instant::now() < deadline, "the worker did not lease again");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    signal(&child, libc::SIGKILL);
+    child.wait().unwrap();
+    let all = records(&out);
+    assert!(all.iter().filter(|r| r.1 != old_token).all(|r| stamp_ms(r.0) > intruder_not_before));
+    assert_eq!(duplicates(all.iter().map(|r| r.0).collect()), 0);
+}
+
+/// A TCP proxy to the server that, when armed, swallows the next reply to
+/// an executed statement (the first chunk that starts with BindComplete)
+/// and closes the connection: the statement committed, its reply is lost.
+struct LossyProxy {
+    port: u16,
+    armed: Arc<AtomicBool>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl LossyProxy {
+    fn start(upstream_port: u16) -> LossyProxy {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (armed, dropped) = (Arc::new(AtomicBool::new(false)), Arc::new(AtomicU64::new(0)));
+        let (a, d) = (Arc::clone(&armed), Arc::clone(&dropped));
+        std::thread::spawn(move || {
+            for client in listener.incoming().flatten() {
+                let Ok(server) = TcpStream::connect(("127.0.0.1", upstream_port)) else { continue };
+                let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut c_in, &mut s_out);
+                    let _ = s_out.shutdown(std::net::Shutdown::Both);
+                });
+                let (a, d) = (Arc::clone(&a), Arc::clone(&d));
+                std::thread::spawn(move || {
+                    let (mut s_in, mut c_out) = (server, client);
+                    let mut buf = vec![0u8; 65536];
+                    loop {
+                        let n = match s_in.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if buf[0] == b'2' && a.swap(false, Ordering::AcqRel) {
+                            d.fetch_add(1, Ordering::Relaxed);
+                            break;
+                        }
+                        if c_out.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = c_out.shutdown(std::net::Shutdown::Both);
+                    let _ = s_in.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        });
+        LossyProxy { port, armed, dropped }
+    }
+}
+
+#[test]
+fn block_pools_in_two_processes_with_a_lost_reply_never_share_an_id_and_leave_the_lost_range_a_gap() {
+    let db = Cluster::start("client-blocks", 55459, &["listen_addresses = '127.0.0.1'"]);
+    let proxy = LossyProxy::start(db.port);
+    let dir = PathBuf::from("/tmp/pgt-client-blocks");
+    let (out_a, out_b) = (dir.join("a"), dir.join("b"));
+    let _ = std::fs::remove_file(&out_a);
+    let _ = std::fs::remove_file(&out_b);
+    let via_proxy = format!("host=127.0.0.1 port={} user=postgres dbname=postgres", proxy.port);
+    let a = worker(&["blocks", &via_proxy, "pool", "100", out_a.to_str().unwrap(), "30000"]).stdout(Stdio::piped()).spawn().unwrap();
+    let b = worker(&["blocks", &db.dsn(), "pool", "100", out_b.to_str().unwrap(), "30000"]).stdout(Stdio::piped()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while records(&out_a).len() < 3_000 {
+        assert!(Instant::now() < deadline, "worker a issued nothing");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    proxy.armed.store(true, Ordering::Release);
+    let report = |child: Child| {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let (report_a, report_b) = (report(a), report(b));
+    assert_eq!(proxy.dropped.load(Ordering::Relaxed), 1, "the reply was not swallowed");
+    let parse = |r: &str| -> (i64, i64, i64) {
+        let words: Vec<&str> = r.split_whitespace().collect();
+        let unused: i64 = words[7..].iter().map(|range| {
+            let (x, y) = range.split_once('-').unwrap();
+            y.parse::<i64>().unwrap() - x.parse::<i64>().unwrap() + 1
+        }).sum();
+        (words[1].parse().unwrap(), words[3].parse().unwrap(), unused)
+    };
+    let (handed_a, lost_a, unused_a) = parse(&report_a);
+    let (handed_b, lost_b, unused_b) = parse(&report_b);
+    assert_eq!((lost_a, lost_b), (1, 0), "{report_a} / {report_b}");
+    let ids: Vec<i64> = records(&out_a).iter().chain(records(&out_b).iter()).map(|r| r.0).collect();
+    assert_eq!(ids.len() as i64, handed_a + handed_b);
+    assert_eq!(duplicates(ids), 0, "an ID handed out twice");
+    // Every reserved ID is handed out, still held, or in the lost block.
+    let mark: i64 = db.connect().query_one("SELECT current_block_mark('pool')", &[]).unwrap().get(0);
+    assert_eq!(mark, handed_a + handed_b + unused_a + unused_b + 100, "the lost range is exactly one block, never handed out");
+}

@@ -1,0 +1,113 @@
+-- Machine-id leases (SPEC §8): the registry's calls, their refusals and
+-- privileges. Timing (expiry, the margin, restore hold-off, concurrency)
+-- is tested in tests/integration/tests/leases.rs.
+SET client_min_messages = warning;
+CREATE EXTENSION IF NOT EXISTS pg_ticket;
+RESET client_min_messages;
+\set VERBOSITY default
+
+-- A small pool: ids 0-3, of which 0 is this server's own snowflake id.
+ALTER SYSTEM SET pg_ticket.lease_ids = '0-3';
+SELECT pg_reload_conf();
+SELECT pg_sleep(0.5);
+SHOW pg_ticket.lease_ids;
+SHOW pg_ticket.machine_id;
+
+-- A lease taken in a rolled-back transaction grants nothing.
+BEGIN;
+SELECT machine_id FROM lease_machine_id('rolled-back');
+SELECT machine_id, holder, state FROM pgticket.machine_leases;
+ROLLBACK;
+SELECT count(*) AS leases FROM pgticket.machine_leases;
+
+CREATE TEMP TABLE granted AS SELECT * FROM lease_machine_id('worker-a');
+INSERT INTO granted SELECT * FROM lease_machine_id('worker-b', '5 minutes');
+INSERT INTO granted SELECT * FROM lease_machine_id('worker-c', '1 second');
+-- Never the own id 0; never leased ids first; fencing tokens increase;
+-- the epoch is this server's; expiry is the ttl from now.
+SELECT machine_id, lease > lag(lease) OVER (ORDER BY lease) AS token_increases, not_before_ms,
+       epoch_ms = extract(epoch FROM timestamptz '2026-01-01 00:00:00+00') * 1000 AS epoch_is_the_servers,
+       expires_at > now() AS expires_later
+  FROM granted ORDER BY lease;
+-- Every id held: 53400 (the message says how many and when one frees).
+\set VERBOSITY sqlstate
+SELECT * FROM lease_machine_id('worker-d');
+\set VERBOSITY default
+SELECT machine_id, holder, state FROM pgticket.machine_leases ORDER BY machine_id;
+
+-- Renew: only the current live lease, by its token.
+SELECT renew_machine_id(g.machine_id, g.lease, '2 minutes', 1234) > now() + interval '1 minute' AS renewed
+  FROM granted g WHERE machine_id = 1;
+SELECT renew_machine_id(g.machine_id, g.lease + 100) FROM granted g WHERE machine_id = 1;
+\echo :LAST_ERROR_SQLSTATE
+-- Release records the last stamp; the lease cannot be renewed after.
+SELECT release_machine_id(g.machine_id, g.lease, 1500) FROM granted g WHERE machine_id = 1;
+SELECT release_machine_id(g.machine_id, g.lease) FROM granted g WHERE machine_id = 1;
+SELECT machine_id, last_issued_ms, state FROM pgticket.machine_leases WHERE machine_id = 1;
+SELECT renew_machine_id(g.machine_id, g.lease) FROM granted g WHERE machine_id = 1;
+\echo :LAST_ERROR_SQLSTATE
+-- Within the margin (10 s by default) the released id is not leased again.
+\set VERBOSITY sqlstate
+SELECT * FROM lease_machine_id('worker-d');
+\set VERBOSITY default
+-- Revoke (admin) ends a live lease; its holder learns at its next renewal.
+SELECT revoke_machine_lease(2) AS revoked, revoke_machine_lease(2) AS again, revoke_machine_lease(0) AS never_leased;
+SELECT renew_machine_id(g.machine_id, g.lease) FROM granted g WHERE machine_id = 2;
+\echo :LAST_ERROR_SQLSTATE
+SELECT renew_machine_id(0, 1);
+\echo :LAST_ERROR_SQLSTATE
+
+-- Bad input: 22004, 22023; nothing changes.
+SELECT * FROM lease_machine_id(NULL);
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM lease_machine_id('');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM lease_machine_id('x', '500 milliseconds');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM lease_machine_id('x', '2 days');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM lease_machine_id('x', '1 hour');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM lease_machine_id('x', NULL);
+\echo :LAST_ERROR_SQLSTATE
+SELECT renew_machine_id(1024, 1);
+\echo :LAST_ERROR_SQLSTATE
+SELECT renew_machine_id(1, NULL);
+\echo :LAST_ERROR_SQLSTATE
+SELECT release_machine_id(NULL, 1);
+\echo :LAST_ERROR_SQLSTATE
+BEGIN READ ONLY;
+SELECT * FROM lease_machine_id('x');
+\echo :LAST_ERROR_SQLSTATE
+ROLLBACK;
+ALTER SYSTEM SET pg_ticket.lease_ids = '5-2';
+\echo :LAST_ERROR_SQLSTATE
+-- (The range's wording differs between PostgreSQL versions.)
+\set VERBOSITY sqlstate
+ALTER SYSTEM SET pg_ticket.lease_margin = '500ms';
+\set VERBOSITY default
+
+-- Not PUBLIC: the registry's functions and view need a GRANT.
+CREATE ROLE lease_app;
+SET ROLE lease_app;
+SELECT * FROM lease_machine_id('app');
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM pgticket.machine_leases;
+\echo :LAST_ERROR_SQLSTATE
+SELECT * FROM pgticket.machine_id_leases;
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+GRANT EXECUTE ON FUNCTION lease_machine_id(text, interval), renew_machine_id(integer, bigint, interval, bigint),
+      release_machine_id(integer, bigint, bigint) TO lease_app;
+SET ROLE lease_app;
+SELECT renew_machine_id(3, 1);
+\echo :LAST_ERROR_SQLSTATE
+SELECT revoke_machine_lease(1);
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+REVOKE ALL ON FUNCTION lease_machine_id(text, interval), renew_machine_id(integer, bigint, interval, bigint),
+      release_machine_id(integer, bigint, bigint) FROM lease_app;
+DROP ROLE lease_app;
+
+ALTER SYSTEM RESET pg_ticket.lease_ids;
+SELECT pg_reload_conf();
