@@ -68,6 +68,18 @@ in_backend baseline "$(calls 'pg_backend_pid()' 2000000)"
 in_backend snowflake "$(calls 'snowflake_id()' 2000000)"
 in_backend nextval "$(calls "nextval('bench_seq')" 2000000)"
 in_backend uuid "$(calls 'gen_random_uuid()' 2000000)"
+# The same generator on a leased machine id (this server its own registry):
+# the lease is checked before and after each stamp.
+restart() { "$root/scripts/cluster.sh" stop "$dir"; "$root/scripts/cluster.sh" up "$dir"; }
+psql -c "ALTER SYSTEM SET pg_ticket.machine_id = -1" -c "ALTER SYSTEM SET pg_ticket.registry = 'host=$dir port=$port user=postgres dbname=postgres'"
+restart
+for _ in $(seq 1 150); do
+    [ "$(psql -At -c 'SELECT machine_id IS NOT NULL FROM pgticket.status')" = t ] && break
+    sleep 0.2
+done
+in_backend snowflake_leased "$(calls 'snowflake_id()' 2000000)"
+psql -c "ALTER SYSTEM RESET pg_ticket.machine_id" -c "ALTER SYSTEM RESET pg_ticket.registry"
+restart
 for n in 10000 100000 1000000; do
     in_backend "scoped_$n" "$(calls "next_scoped_id('bulk-$n', 'run-%RUN%')" $n)"
     in_backend "nextval_$n" "$(calls "nextval('bench_seq')" $n)"
@@ -158,6 +170,7 @@ done
     echo
     echo "snowflake_id(): $(rate 2000000 "${ms[snowflake]}") IDs/s = $(awk -v r="$(rate 2000000 "${ms[snowflake]}")" 'BEGIN {printf "%.1f", 100 * r / 4096000}')% of the layout's cap (4 096 000/s);"
     echo "the milliseconds its IDs span are ${fill}% full (4 096 IDs each = 100%)."
+    echo "With a leased machine id (\`pg_ticket.machine_id = -1\`): ${ms[snowflake_leased]} ms for 2M = $(rate 2000000 "${ms[snowflake_leased]}") IDs/s, $(ratio "${ms[snowflake]}" "${ms[snowflake_leased]}")× the fixed id's rate."
     echo
     echo "| IDs in one transaction | next_scoped_id ms | nextval() ms | ratio to nextval | plain upsert ms |"
     echo "|---|---|---|---|---|"

@@ -102,7 +102,9 @@ CREATE FUNCTION "ticket_status"() RETURNS TABLE (
 	"waits_full_millisecond" bigint,
 	"waits_clock_back" bigint,
 	"waits_ticket_refill" bigint,
-	"reset_at" timestamp with time zone
+	"reset_at" timestamp with time zone,
+	"machine_lease" bigint,
+	"machine_lease_expires_at" timestamp with time zone
 )
 STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c

@@ -39,6 +39,8 @@ pub enum TicketError {
     WrongColumnType { column: String, table: String, type_name: String },
     #[error(transparent)]
     Lease(#[from] ticket_core::leases::LeaseError),
+    #[error("snowflake_id() has no valid machine id: {0}")]
+    NoMachineLease(String),
     #[error("{value} does not fit the {type_name} column {column:?} of table {table:?}")]
     ValueDoesNotFit { value: i64, column: String, table: String, type_name: &'static str },
 }
@@ -72,7 +74,7 @@ impl TicketError {
                 ERRCODE_INVALID_PARAMETER_VALUE
             }
             TicketError::Lease(LeaseError::NoneFree { .. }) => ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
-            TicketError::Lease(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            TicketError::Lease(_) | TicketError::NoMachineLease(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             TicketError::Snowflake(_) | TicketError::NotPreloaded(_) | TicketError::AllocationAfterFlush => {
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
@@ -96,6 +98,9 @@ impl TicketError {
                 Some("Split the transaction, or raise pg_ticket.max_transaction_entries for this session.")
             }
             TicketError::ValueDoesNotFit { .. } => Some("set_scoped_limit() keeps a series within a column's range."),
+            TicketError::NoMachineLease(_) => Some(
+                "This server leases its machine id from pg_ticket.registry; pgticket.status shows the lease and the server log the registry's errors. Other allocators work meanwhile.",
+            ),
             TicketError::Lease(LeaseError::NoneFree { .. }) => {
                 Some("Release ids no longer used, let dead holders' leases expire, or widen pg_ticket.lease_ids.")
             }

@@ -37,6 +37,8 @@ static TICKET_OFFSET: GucSetting<i32> = GucSetting::<i32>::new(1);
 static LEASE_MARGIN: GucSetting<i32> = GucSetting::<i32>::new(10_000);
 static LEASE_MAX_TTL: GucSetting<i32> = GucSetting::<i32>::new(600_000);
 static LEASE_IDS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"0-1023"));
+static REGISTRY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+static MACHINE_LEASE_TTL: GucSetting<i32> = GucSetting::<i32>::new(60_000);
 
 /// Set once in `_PG_init`; read on every `snowflake_id()` call, so kept as
 /// plain atomics rather than re-reading and re-parsing the settings.
@@ -118,9 +120,12 @@ pub fn init() {
     }
 
     let machine_id = match raw_setting(c"pg_ticket.machine_id") {
-        None => 0,
+        None => MachineId::Fixed(0),
         Some(text) => parse_machine_id(&text).unwrap_or_else(|e| pgrx::error!("pg_ticket.machine_id: {e}")),
     };
+    if machine_id == MachineId::Leased && raw_setting(c"pg_ticket.registry").is_none_or(|r| r.trim().is_empty()) {
+        pgrx::error!("pg_ticket.machine_id: -1 (lease one) needs pg_ticket.registry, a connection string to the registry database");
+    }
     // The ticket series is checked as a pair: offset within 1..=increment.
     let ticket_increment = raw_int(c"pg_ticket.ticket_increment", 1);
     let ticket_offset = raw_int(c"pg_ticket.ticket_offset", 1);
@@ -140,10 +145,10 @@ pub fn init() {
 
     GucRegistry::define_int_guc(
         c"pg_ticket.machine_id",
-        c"Machine id (0-1023) stamped into every snowflake_id() of this server.",
+        c"Machine id (0-1023) stamped into every snowflake_id() of this server; -1: lease one from pg_ticket.registry at every start.",
         c"Servers issuing snowflake IDs into one keyspace must each have a different machine id.",
         &MACHINE_ID,
-        0,
+        -1,
         i32::from(ticket_core::snowflake::MAX_MACHINE_ID),
         GucContext::Postmaster,
         GucFlags::default(),
@@ -198,6 +203,24 @@ pub fn init() {
         GucContext::Sighup,
         GucFlags::default(),
     );
+    GucRegistry::define_string_guc(
+        c"pg_ticket.registry",
+        c"Connection string of the registry this server leases its machine id from (with pg_ticket.machine_id = -1).",
+        c"Superusers only: it may hold credentials; prefer passfile=... to a password.",
+        &REGISTRY,
+        GucContext::Sighup,
+        GucFlags::SUPERUSER_ONLY,
+    );
+    GucRegistry::define_int_guc(
+        c"pg_ticket.machine_lease_ttl",
+        c"How long this server's own machine-id lease lasts; it is renewed every third of it.",
+        c"With the registry unreachable for this long, snowflake_id() refuses until it is back.",
+        &MACHINE_LEASE_TTL,
+        ticket_core::leases::MIN_TTL_MS as i32,
+        ticket_core::leases::MAX_TTL_MS as i32,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
             c"pg_ticket.epoch",
@@ -216,9 +239,19 @@ pub fn init() {
     EPOCH_UNIX_MS.store(epoch_ms, Ordering::Relaxed);
     TICKET_SERIES.store(ticket_increment << 32 | ticket_offset, Ordering::Relaxed);
     crate::tickets::init_shared_memory(ticket_cache_scopes as usize);
-    MACHINE.store(i64::from(machine_id), Ordering::Relaxed);
+    MACHINE.store(
+        match machine_id {
+            MachineId::Fixed(id) => i64::from(id),
+            MachineId::Leased => -1,
+        },
+        Ordering::Relaxed,
+    );
     PRELOADED.store(true, Ordering::Relaxed);
     crate::snowflake::init_shared_memory();
+    crate::snowflake::register_wal();
+    if machine_id == MachineId::Leased {
+        crate::snowflake::register_lease_worker();
+    }
     crate::status::init_shared_memory();
 }
 
@@ -241,43 +274,50 @@ fn raw_int(name: &CStr, default: i64) -> i64 {
     }
 }
 
-fn parse_machine_id(text: &str) -> Result<u16, String> {
-    let number: i64 = text.trim().parse().map_err(|_| format!("{text:?} is not a whole number"))?;
-    check_machine_id(number).map_err(|e| e.to_string())
+/// Where this server's snowflake machine id comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MachineId {
+    Fixed(u16),
+    /// `-1`: leased from `pg_ticket.registry` by the lease worker.
+    Leased,
 }
 
-/// Rejects a bad epoch at `SET`/`ALTER SYSTEM` time (22023), not at the
-/// next restart.
-#[pg_guard]
-unsafe extern "C-unwind" fn check_epoch(newval: *mut *mut c_char, _extra: *mut *mut c_void, _source: pg_sys::GucSource::Type) -> bool {
+fn parse_machine_id(text: &str) -> Result<MachineId, String> {
+    let number: i64 = text.trim().parse().map_err(|_| format!("{text:?} is not a whole number"))?;
+    if number == -1 {
+        return Ok(MachineId::Leased);
+    }
+    check_machine_id(number).map(MachineId::Fixed).map_err(|e| format!("{e} (or -1 to lease one)"))
+}
+
+/// A string setting's check hook around `parse`: a bad value is refused
+/// when it is set (`SET`, `ALTER SYSTEM`: 22023; a reload: a log message),
+/// with the parser's words as the detail.
+unsafe fn check_string(newval: *mut *mut c_char, null_ok: bool, parse: impl Fn(&str) -> Result<(), String>) -> bool {
     let value = unsafe { *newval };
-    if value.is_null() {
+    if value.is_null() && null_ok {
         return true;
     }
-    let text = unsafe { CStr::from_ptr(value) }.to_string_lossy();
-    match parse_epoch_ms(&text) {
-        Ok(_) => true,
+    let text = if value.is_null() { String::new() } else { unsafe { CStr::from_ptr(value) }.to_string_lossy().into_owned() };
+    match parse(&text) {
+        Ok(()) => true,
         Err(e) => {
-            let detail = CString::new(e.to_string()).unwrap_or_default();
+            let detail = CString::new(e).unwrap_or_default();
             unsafe { pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr()) };
             false
         }
     }
 }
 
-/// Rejects a bad id list at `SET`/`ALTER SYSTEM`/reload time.
+/// A bad epoch is refused when set, not at the next restart.
+#[pg_guard]
+unsafe extern "C-unwind" fn check_epoch(newval: *mut *mut c_char, _extra: *mut *mut c_void, _source: pg_sys::GucSource::Type) -> bool {
+    unsafe { check_string(newval, true, |text| parse_epoch_ms(text).map(|_| ()).map_err(|e| e.to_string())) }
+}
+
 #[pg_guard]
 unsafe extern "C-unwind" fn check_lease_ids(newval: *mut *mut c_char, _extra: *mut *mut c_void, _source: pg_sys::GucSource::Type) -> bool {
-    let value = unsafe { *newval };
-    let text = if value.is_null() { String::new() } else { unsafe { CStr::from_ptr(value) }.to_string_lossy().into_owned() };
-    match parse_id_list(&text) {
-        Ok(_) => true,
-        Err(e) => {
-            let detail = CString::new(e.to_string()).unwrap_or_default();
-            unsafe { pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr()) };
-            false
-        }
-    }
+    unsafe { check_string(newval, false, |text| parse_id_list(text).map(|_| ()).map_err(|e| e.to_string())) }
 }
 
 pub fn lease_margin_ms() -> i64 {
@@ -308,7 +348,10 @@ pub fn registry_epoch_unix_ms() -> i64 {
 
 /// The machine id this server stamps into snowflake_id(), if it can issue any.
 pub fn own_snowflake_machine_id() -> Option<u16> {
-    preloaded().then(machine_id)
+    match machine_id() {
+        MachineId::Fixed(id) if preloaded() => Some(id),
+        _ => None,
+    }
 }
 
 pub fn preloaded() -> bool {
@@ -319,8 +362,20 @@ pub fn epoch_unix_ms() -> i64 {
     EPOCH_UNIX_MS.load(Ordering::Relaxed)
 }
 
-pub fn machine_id() -> u16 {
-    MACHINE.load(Ordering::Relaxed) as u16
+pub fn machine_id() -> MachineId {
+    match MACHINE.load(Ordering::Relaxed) {
+        -1 => MachineId::Leased,
+        id => MachineId::Fixed(id as u16),
+    }
+}
+
+/// The registry's connection string (may change on reload).
+pub fn registry() -> String {
+    REGISTRY.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+pub fn machine_lease_ttl_ms() -> i64 {
+    i64::from(MACHINE_LEASE_TTL.get())
 }
 
 pub fn durable_commit() -> bool {

@@ -13,7 +13,7 @@ use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 
 use crate::errors::{postgres_errors_as_raised, TicketError};
-use crate::settings;
+use crate::settings::{self, MachineId};
 use crate::snowflake::{self, now_unix_ms, timestamptz_of_unix_ms as timestamp};
 use ticket_core::counter::CounterError;
 use ticket_core::snowflake::{SnowflakeError, MAX_TIMESTAMP_MS};
@@ -82,11 +82,13 @@ fn ticket_status() -> TableIterator<
         name!(waits_clock_back, Option<i64>),
         name!(waits_ticket_refill, Option<i64>),
         name!(reset_at, Option<TimestampWithTimeZone>),
+        name!(machine_lease, Option<i64>),
+        name!(machine_lease_expires_at, Option<TimestampWithTimeZone>),
     ),
 > {
     postgres_errors_as_raised(|| {
         if !settings::preloaded() {
-            return TableIterator::once((false, None, None, None, None, None, None, None, None, None, None, None, None));
+            return TableIterator::once((false, None, None, None, None, None, None, None, None, None, None, None, None, None, None));
         }
         let epoch = settings::epoch_unix_ms();
         let activity = snowflake::activity();
@@ -94,10 +96,18 @@ fn ticket_status() -> TableIterator<
         let count = |a: &AtomicU64| Some(a.load(Ordering::Relaxed) as i64);
         let since_epoch = now_unix_ms() - epoch;
         let reset_at = c.reset_at.load(Ordering::Relaxed);
+        // A leased id shows while the lease is held (NULL between leases).
+        let (machine_id, lease) = match settings::machine_id() {
+            MachineId::Fixed(id) => (Some(i32::from(id)), None),
+            MachineId::Leased => {
+                let s = snowflake::lease_snapshot();
+                (s.machine_id.map(i32::from), s.machine_id.map(|_| (s.token, s.expires_at_unix_ms)))
+            }
+        };
         TableIterator::once((
             true,
             timestamp(epoch),
-            Some(i32::from(settings::machine_id())),
+            machine_id,
             activity.last_millis.and_then(|ms| timestamp(epoch + ms as i64)),
             activity.reserved_until_millis.and_then(|ms| timestamp(epoch + ms as i64)),
             Some((MAX_TIMESTAMP_MS as i64 - since_epoch) as f64 / MS_PER_YEAR),
@@ -108,6 +118,8 @@ fn ticket_status() -> TableIterator<
             Some(activity.waits_clock_back as i64),
             count(&c.waits_ticket_refill),
             (reset_at != 0).then(|| timestamp(reset_at)).flatten(),
+            lease.map(|(token, _)| token),
+            lease.and_then(|(_, expires)| timestamp(expires)),
         ))
     })
 }

@@ -121,11 +121,28 @@ unsafe extern "C-unwind" fn release(_code: i32, db: pg_sys::Datum) {
     }
 }
 
+extern "C-unwind" {
+    /// PostgreSQL's own SIGTERM handler (pgrx's `pg_sys::die` is a Rust
+    /// wrapper, not a signal handler).
+    #[link_name = "die"]
+    fn postgres_die(signal: std::ffi::c_int);
+}
+
 #[pg_guard]
 #[no_mangle]
 pub extern "C-unwind" fn ticket_worker_main(arg: pg_sys::Datum) {
     let db = arg.value() as u32;
-    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP);
+    // SIGTERM as a backend takes it (PostgreSQL's `die`): it also ends a
+    // commit waiting for a synchronous standby that is gone, which a flag
+    // checked between passes never reaches — a fast shutdown would wait
+    // for it forever. The loop below exits through CHECK_FOR_INTERRUPTS.
+    unsafe {
+        #[cfg(not(feature = "pg18"))]
+        pg_sys::pqsignal(libc::SIGTERM, Some(postgres_die));
+        #[cfg(feature = "pg18")]
+        pg_sys::pqsignal_be(libc::SIGTERM, Some(postgres_die));
+    }
     let claimed = {
         let _dir = Directory::lock(true);
         let me = unsafe { pg_sys::MyProcPid };
@@ -161,6 +178,7 @@ pub extern "C-unwind" fn ticket_worker_main(arg: pg_sys::Datum) {
         if !BackgroundWorker::wait_latch(Some(Duration::from_millis(1000))) {
             break;
         }
+        pgrx::check_for_interrupts!();
         if BackgroundWorker::sighup_received() {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }

@@ -15,15 +15,15 @@
 //! issued), and the next holder of the id stamps only above the lease's
 //! end plus the margin: no two holders stamp the same millisecond.
 
-use postgres::{Client, NoTls};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::clock::{boot_ms, wall_ms, WallClock};
-use crate::registry::{self, Grant};
+use crate::clock::{boot_ms, WallClock};
+use crate::keeper::{LeaseHolder, LeaseKeeper, Published};
+use crate::registry::Grant;
 use crate::ClientError;
-use ticket_core::leases::{check_ttl, clocks_agree, Reckoning};
+use ticket_core::leases::{check_ttl, Reckoning};
 use ticket_core::snowflake::{self, MarkStore, SharedState, SnowflakeError};
 
 #[derive(Debug, Clone)]
@@ -62,7 +62,6 @@ struct State {
 
 struct Shared {
     config: GeneratorConfig,
-    ttl_ms: i64,
     state: Mutex<State>,
     changed: Condvar,
 }
@@ -103,11 +102,14 @@ impl LeasedGenerator {
     pub fn start(config: GeneratorConfig) -> Result<Self, ClientError> {
         let ttl_ms = i64::try_from(config.ttl.as_millis()).unwrap_or(i64::MAX);
         check_ttl(ttl_ms).map_err(|e| ClientError::NoLease { last_error: Some(e.to_string()) })?;
-        let shared = Arc::new(Shared { config, ttl_ms, state: Mutex::new(State::default()), changed: Condvar::new() });
+        let shared = Arc::new(Shared { config, state: Mutex::new(State::default()), changed: Condvar::new() });
         let thread_shared = Arc::clone(&shared);
         let renewer = std::thread::Builder::new()
             .name("ticket-lease".into())
-            .spawn(move || Renewer { shared: thread_shared, conn: None }.run())
+            .spawn(move || {
+                let retry_ms = thread_shared.config.retry_interval.as_millis() as i64;
+                LeaseKeeper::new(thread_shared.config.holder.clone(), ttl_ms, retry_ms).run(&*thread_shared)
+            })
             .expect("spawn the lease thread");
         Ok(LeasedGenerator { shared, renewer: Some(renewer) })
     }
@@ -173,145 +175,60 @@ impl Drop for LeasedGenerator {
     }
 }
 
-enum Next {
-    Lease,
-    Renew(Grant, Option<i64>),
-    WaitUntil(i64),
-    Stop(Option<(Grant, Option<i64>)>),
-}
+impl LeaseHolder for Shared {
+    fn dsn(&self) -> String {
+        self.config.dsn.clone()
+    }
 
-struct Renewer {
-    shared: Arc<Shared>,
-    conn: Option<Client>,
-}
-
-impl Renewer {
-    fn connect(&mut self) -> Result<&mut Client, postgres::Error> {
-        if self.conn.as_ref().is_none_or(|c| c.is_closed()) {
-            let mut config: postgres::Config = self.shared.config.dsn.parse()?;
-            // Bounded waits: a registry that does not answer costs at most
-            // about a ttl, during which the lease simply runs out.
-            let bound = Duration::from_millis((self.shared.ttl_ms as u64 / 3).max(1_000));
-            if config.get_connect_timeout().is_none() {
-                config.connect_timeout(bound);
+    fn publish(&self, lease: Published) {
+        let mut st = self.lock();
+        match st.lease.as_mut().filter(|h| h.grant.lease == lease.grant.lease) {
+            Some(held) => {
+                held.grant = lease.grant;
+                held.reckoning = lease.reckoning;
+                held.skew = lease.skew;
             }
-            config.tcp_user_timeout(bound);
-            self.conn = Some(config.connect(NoTls)?);
+            None => {
+                st.lease = Some(Held {
+                    grant: lease.grant,
+                    reckoning: lease.reckoning,
+                    skew: lease.skew,
+                    ids: SharedState::starting_after(lease.grant.not_before_ms, lease.grant.epoch_ms),
+                    last_stamp_ms: None,
+                })
+            }
         }
-        Ok(self.conn.as_mut().expect("connected"))
+        st.last_error = None;
+        drop(st);
+        self.changed.notify_all();
     }
 
-    /// Remember a failure; a failed connection is dropped (it is
-    /// reconnected at the next call).
-    fn failed(&mut self, e: &postgres::Error) {
-        if !registry::is_refusal(e) {
-            self.conn = None;
-        }
-        self.shared.lock().last_error = Some(e.as_db_error().map(|d| d.message().to_string()).unwrap_or_else(|| e.to_string()));
+    fn withdraw(&self) {
+        self.lock().lease = None;
     }
 
-    fn next(&self) -> Next {
-        let st = self.shared.lock();
-        let now = boot_ms();
-        match &st.lease {
-            _ if st.stop => Next::Stop(st.lease.as_ref().map(|h| (h.grant, h.last_stamp_ms))),
-            None => Next::Lease,
-            // Past the reckoned end: lease anew (the old one is left to expire).
-            Some(h) if !h.reckoning.may_issue(now) => Next::Lease,
-            Some(h) if now >= h.reckoning.renew_at_ms() => Next::Renew(h.grant, h.last_stamp_ms),
-            Some(h) => Next::WaitUntil(h.reckoning.renew_at_ms()),
-        }
+    fn report(&self, error: &str) {
+        self.lock().last_error = Some(error.to_string());
     }
 
-    fn pause(&self, until_boot_ms: i64) {
-        let st = self.shared.lock();
+    fn current(&self) -> Option<Published> {
+        self.lock().lease.as_ref().map(|h| Published { grant: h.grant, reckoning: h.reckoning, skew: h.skew })
+    }
+
+    fn last_stamp_ms(&self) -> Option<i64> {
+        self.lock().lease.as_ref().and_then(|h| h.last_stamp_ms)
+    }
+
+    fn pause_until(&self, until_boot_ms: i64) -> bool {
+        let st = self.lock();
         let left = until_boot_ms - boot_ms();
         if left > 0 && !st.stop {
-            drop(self.shared.changed.wait_timeout(st, Duration::from_millis(left as u64)));
+            drop(self.changed.wait_timeout(st, Duration::from_millis(left as u64)));
         }
+        self.stopping()
     }
 
-    fn retry_pause(&self) {
-        self.pause(boot_ms() + self.shared.config.retry_interval.as_millis() as i64);
-    }
-
-    fn run(mut self) {
-        loop {
-            match self.next() {
-                Next::Stop(held) => {
-                    if let Some((grant, last)) = held {
-                        if let Ok(conn) = self.connect() {
-                            let _ = registry::release(conn, &grant, last);
-                        }
-                    }
-                    return;
-                }
-                Next::WaitUntil(t) => self.pause(t),
-                Next::Lease => self.lease(),
-                Next::Renew(grant, last) => self.renew(grant, last),
-            }
-        }
-    }
-
-    fn skew(grant: &Grant, registry_now_ms: i64, sent_wall_ms: i64) -> Option<(i64, i64)> {
-        let local = (sent_wall_ms + wall_ms()) / 2;
-        (!clocks_agree(local, registry_now_ms, grant.margin_ms)).then_some((local - registry_now_ms, grant.margin_ms / 2))
-    }
-
-    fn lease(&mut self) {
-        let ttl_ms = self.shared.ttl_ms;
-        let holder = self.shared.config.holder.clone();
-        let sent = boot_ms();
-        let sent_wall = wall_ms();
-        let result = self.connect().and_then(|conn| registry::lease(conn, &holder, ttl_ms));
-        match result {
-            Ok(grant) => {
-                let skew = Self::skew(&grant, grant.expires_at_ms - ttl_ms, sent_wall);
-                let mut st = self.shared.lock();
-                st.lease = Some(Held {
-                    grant,
-                    reckoning: Reckoning { sent_at_ms: sent, ttl_ms },
-                    skew,
-                    ids: SharedState::starting_after(grant.not_before_ms, grant.epoch_ms),
-                    last_stamp_ms: None,
-                });
-                st.last_error = None;
-                drop(st);
-                self.shared.changed.notify_all();
-            }
-            Err(e) => {
-                self.failed(&e);
-                self.retry_pause();
-            }
-        }
-    }
-
-    fn renew(&mut self, grant: Grant, last_stamp_ms: Option<i64>) {
-        let ttl_ms = self.shared.ttl_ms;
-        let sent = boot_ms();
-        let sent_wall = wall_ms();
-        let result = self.connect().and_then(|conn| registry::renew(conn, &grant, ttl_ms, last_stamp_ms));
-        let mut st = self.shared.lock();
-        let current = st.lease.as_mut().filter(|h| h.grant.lease == grant.lease);
-        match (result, current) {
-            (Ok(expires_at_ms), Some(held)) => {
-                held.reckoning = Reckoning { sent_at_ms: sent, ttl_ms };
-                held.skew = Self::skew(&grant, expires_at_ms - ttl_ms, sent_wall);
-                held.grant.expires_at_ms = expires_at_ms;
-                st.last_error = None;
-            }
-            (Ok(_), None) => {}
-            (Err(e), _) if registry::is_refusal(&e) => {
-                // Expired, superseded, revoked: this lease is over for good.
-                st.lease = None;
-                drop(st);
-                self.failed(&e);
-            }
-            (Err(e), _) => {
-                drop(st);
-                self.failed(&e);
-                self.retry_pause();
-            }
-        }
+    fn stopping(&self) -> bool {
+        self.lock().stop
     }
 }

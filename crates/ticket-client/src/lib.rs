@@ -12,11 +12,15 @@
 //! calls that hand out IDs never touch the network.
 //!
 //! - `clock`: the clocks (wall for stamps, boot for the lease reckoning).
-//! - `registry`: the lease protocol's SQL calls.
+//! - `registry`: the lease protocol's SQL calls; `keeper`: the holder's
+//!   side of the protocol, shared with the server's own lease worker.
+//! - `connect`: connection strings with `passfile=` and bounded waits.
 //! - `generator`, `pool`: the two allocators.
 
-mod clock;
+pub mod clock;
+pub mod connect;
 mod generator;
+pub mod keeper;
 mod pool;
 mod registry;
 

@@ -194,12 +194,7 @@ struct Fetcher {
 impl Fetcher {
     fn connect(&mut self) -> Result<&mut Client, postgres::Error> {
         if self.conn.as_ref().is_none_or(|c| c.is_closed()) {
-            let mut config: postgres::Config = self.shared.config.dsn.parse()?;
-            if config.get_connect_timeout().is_none() {
-                config.connect_timeout(Duration::from_secs(5));
-            }
-            config.tcp_user_timeout(Duration::from_secs(10));
-            self.conn = Some(config.connect(NoTls)?);
+            self.conn = Some(crate::connect::config(&self.shared.config.dsn, Duration::from_secs(10))?.connect(NoTls)?);
         }
         Ok(self.conn.as_mut().expect("connected"))
     }

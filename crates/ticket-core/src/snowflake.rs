@@ -231,6 +231,15 @@ impl SharedState {
         }
     }
 
+    /// Issue nothing at or before `floor_unix_ms` from now on (a new lease's
+    /// `not_before_ms`); a floor already passed changes nothing.
+    pub fn raise_floor(&self, floor_unix_ms: i64, epoch_unix_ms: i64) {
+        if floor_unix_ms >= epoch_unix_ms {
+            let floor_ms = ((floor_unix_ms - epoch_unix_ms) as u64).min(MAX_TIMESTAMP_MS);
+            self.last.fetch_max(state_after_millisecond(floor_ms), Ordering::AcqRel);
+        }
+    }
+
     pub fn last_state(&self) -> u64 {
         self.last.load(Ordering::Acquire)
     }
@@ -864,6 +873,18 @@ mod tests {
         // A floor before the epoch (an id never leased: 0) holds nothing back.
         let state = SharedState::starting_after(0, EPOCH);
         assert_eq!(decompose(next_id(&state, &FakeClock::at(5), &NoStore, EPOCH, 7).unwrap()).unwrap().millis, 5);
+    }
+
+    #[test]
+    fn a_raised_floor_holds_later_ids_above_it() {
+        let state = SharedState::starting_after(0, EPOCH);
+        let clock = FakeClock::at(1_000);
+        next_id(&state, &clock, &NoStore, EPOCH, 1).unwrap();
+        state.raise_floor(EPOCH + 1_005, EPOCH);
+        let id = next_id(&state, &clock, &NoStore, EPOCH, 2).unwrap();
+        assert_eq!(decompose(id).unwrap().millis, 1_006, "waited out 5 ms to pass the floor");
+        state.raise_floor(EPOCH + 10, EPOCH);
+        assert_eq!(decompose(next_id(&state, &clock, &NoStore, EPOCH, 2).unwrap()).unwrap().millis, 1_006, "a lower floor changes nothing");
     }
 
     #[test]

@@ -44,8 +44,11 @@ fn an_invalid_epoch_stops_the_server_with_a_message() {
 
 #[test]
 fn an_invalid_machine_id_stops_the_server_instead_of_becoming_machine_0() {
-    for bad in ["1024", "-1", "abc"] {
+    for bad in ["1024", "-2", "abc"] {
         let log = refused_start("/tmp/pgt-bad-machine", 55450, &format!("pg_ticket.machine_id = '{bad}'"));
         assert!(log.contains("pg_ticket.machine_id:"), "{bad}: {log}");
     }
+    // -1 leases an id, and so needs a registry to lease it from.
+    let log = refused_start("/tmp/pgt-bad-machine", 55450, "pg_ticket.machine_id = -1");
+    assert!(log.contains("pg_ticket.machine_id: -1 (lease one) needs pg_ticket.registry"), "{log}");
 }

@@ -312,3 +312,26 @@ fn an_idle_worker_exits_so_its_database_can_be_dropped_and_comes_back_when_neede
     }
     admin.batch_execute("DROP DATABASE t_idle").unwrap();
 }
+
+/// Found under pg_auto_failover: a ticket worker whose commit waits for a
+/// synchronous standby that is gone must still let a fast shutdown finish
+/// (it takes SIGTERM as a backend does, which ends that wait).
+#[test]
+fn a_fast_shutdown_ends_a_ticket_worker_waiting_for_a_synchronous_standby_that_is_gone() {
+    let c = Cluster::start("tickets-syncwait", 55472, &["pg_ticket.ticket_wait_timeout = '1s'"]);
+    let mut db = c.connect();
+    db.batch_execute("ALTER SYSTEM SET synchronous_standby_names = 'nobody'").unwrap();
+    db.batch_execute("SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let err = db.query_one("SELECT next_ticket('syncwait', 'x')", &[]).unwrap_err();
+    assert_eq!(sqlstate(&err), "55000", "the worker's commit waits for the standby: {err:?}");
+    let waiting: i64 = db
+        .query_one("SELECT count(*) FROM pg_stat_activity WHERE backend_type LIKE 'pg_ticket tickets%' AND wait_event = 'SyncRep'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(waiting, 1, "the ticket worker waits for the synchronous standby");
+    drop(db);
+    let started = Instant::now();
+    c.stop_with("fast");
+    assert!(started.elapsed() < Duration::from_secs(20), "fast shutdown took {:?}", started.elapsed());
+}

@@ -3,17 +3,27 @@
 //! comment has the locking rule), the real clock it reads, and the file that
 //! carries its reserved mark across restarts.
 //!
+//! - `wal`: the mark written to WAL before each use, replayed by standbys
+//!   into their own mark file (failover).
+//! - `lease`: the machine id leased by this server's own worker
+//!   (`pg_ticket.machine_id = -1`).
+//!
 //! Shared memory: one `SharedState` of atomics, no LWLock. Every wait (a
 //! full millisecond, a clock step back of up to 10 ms, another backend's
 //! mark write) goes through `SystemClock::pause`, which sleeps or yields and
 //! checks for interrupts, so cancel, statement_timeout and terminate work.
 
 use crate::errors::{OrRaise, TicketError};
-use crate::settings;
+use crate::settings::{self, MachineId};
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 use std::time::{SystemTime, UNIX_EPOCH};
-use ticket_core::snowflake::{self as layout, Clock, FileMarkStore, SharedState};
+use ticket_core::snowflake::{self as layout, Clock, SharedState};
+
+mod lease;
+mod wal;
+pub use lease::{register_worker as register_lease_worker, snapshot as lease_snapshot};
+pub use wal::register as register_wal;
 
 /// Relative to the data directory (every backend's working directory), so
 /// pg_basebackup copies it with the cluster. Written ahead, at most once per
@@ -31,6 +41,18 @@ static GENERATOR: PgAtomic<Shared> = unsafe { PgAtomic::new(c"pg_ticket_snowflak
 
 pub fn init_shared_memory() {
     pg_shmem_init!(GENERATOR);
+    lease::init_shared_memory();
+}
+
+/// Issue nothing at or before this Unix ms (a new lease's `not_before_ms`).
+fn raise_floor(floor_unix_ms: i64) {
+    GENERATOR.get().0.raise_floor(floor_unix_ms, settings::epoch_unix_ms());
+}
+
+/// The last timestamp issued (Unix ms), if any.
+fn last_stamp_unix_ms() -> Option<i64> {
+    let last = GENERATOR.get().0.last_state();
+    (last != 0).then(|| settings::epoch_unix_ms() + (last >> layout::SEQUENCE_BITS) as i64)
 }
 
 /// The wall clock in Unix ms: CLOCK_REALTIME through the vDSO, no system
@@ -81,8 +103,13 @@ pub fn next_id() -> i64 {
         TicketError::NotPreloaded("snowflake_id").raise();
     }
     crate::xact::check_writable().or_raise();
-    let store = FileMarkStore { path: std::path::Path::new(MARK_FILE) };
-    layout::next_id(&GENERATOR.get().0, &SystemClock, &store, settings::epoch_unix_ms(), settings::machine_id()).or_raise()
+    let issue = |machine_id| {
+        layout::next_id(&GENERATOR.get().0, &SystemClock, &wal::WalMarkStore, settings::epoch_unix_ms(), machine_id).or_raise()
+    };
+    match settings::machine_id() {
+        MachineId::Fixed(id) => issue(id),
+        MachineId::Leased => lease::next_id(issue).or_raise(),
+    }
 }
 
 /// This server's epoch. Without preloading the epoch setting does not

@@ -1,0 +1,253 @@
+//! A server that leases its own machine id (`pg_ticket.machine_id = -1`,
+//! SPEC §10): a background worker holds a lease from `pg_ticket.registry`
+//! with the same protocol code as the application client
+//! (`ticket_client::keeper`), and `snowflake_id()` stamps with the leased id
+//! only while the lease is valid by the worker's conservative reckoning.
+//!
+//! The worker starts when the server starts accepting writes — at startup,
+//! after crash recovery, and at promotion — and its shared memory starts
+//! empty, so a server never carries a lease across a start: a restarted
+//! server, a promoted standby, a restored base backup and a copied data
+//! directory all lease anew, and a live lease is never used twice.
+//!
+//! Locking rule: the lease is published in shared memory under a sequence
+//! counter (a seqlock): the worker, its only writer, makes the counter odd,
+//! writes, and makes it even; a backend reads until it sees the same even
+//! counter before and after. Nobody waits on anyone. A backend checks the
+//! lease, stamps, and checks again: an ID stamped while the lease changed or
+//! ran out is discarded, so every ID is stamped inside a lease's reckoned
+//! life with that lease's id. Before publishing a new lease the worker
+//! raises the generator's floor to its `not_before_ms`.
+
+use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, BgWorkerStartTime, SignalWakeFlags};
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
+use std::cell::{Cell, RefCell};
+use std::sync::atomic::{fence, AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::time::Duration;
+use ticket_client::clock::boot_ms;
+use ticket_client::keeper::{LeaseHolder, LeaseKeeper, Published};
+
+use crate::errors::TicketError;
+use crate::settings;
+
+#[derive(Default)]
+pub struct LeaseSlot {
+    /// Odd while the worker writes.
+    seq: AtomicU64,
+    /// The id of the current lease, or of the last one (none yet while
+    /// `token` is 0: tokens start at 1).
+    machine_id: AtomicI64,
+    held: AtomicBool,
+    token: AtomicI64,
+    /// Boot-clock ms at which the lease may be over (request sent + ttl).
+    valid_until_boot_ms: AtomicI64,
+    /// The registry's expiry as last heard (Unix ms), for the status view.
+    expires_at_unix_ms: AtomicI64,
+    /// Why there is no usable lease (shown by snowflake_id()'s refusal).
+    clock_skew_ms: AtomicI64,
+    skewed: AtomicBool,
+    epoch_differs: AtomicBool,
+}
+
+unsafe impl PGRXSharedMemory for LeaseSlot {}
+
+static SLOT: PgAtomic<LeaseSlot> = unsafe { PgAtomic::new(c"pg_ticket_machine_lease") };
+
+pub fn init_shared_memory() {
+    pg_shmem_init!(SLOT);
+}
+
+/// What a backend reads of the lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Snapshot {
+    /// The id of the lease held now.
+    pub machine_id: Option<u16>,
+    last_machine_id: Option<u16>,
+    pub token: i64,
+    pub valid_until_boot_ms: i64,
+    pub expires_at_unix_ms: i64,
+    skewed: Option<i64>,
+    epoch_differs: bool,
+}
+
+pub fn snapshot() -> Snapshot {
+    let s = SLOT.get();
+    loop {
+        let before = s.seq.load(Ordering::Acquire);
+        if before % 2 == 1 {
+            std::hint::spin_loop();
+            continue;
+        }
+        let id = u16::try_from(s.machine_id.load(Ordering::Relaxed)).ok().filter(|_| s.token.load(Ordering::Relaxed) != 0);
+        let snap = Snapshot {
+            machine_id: id.filter(|_| s.held.load(Ordering::Relaxed)),
+            last_machine_id: id,
+            token: s.token.load(Ordering::Relaxed),
+            valid_until_boot_ms: s.valid_until_boot_ms.load(Ordering::Relaxed),
+            expires_at_unix_ms: s.expires_at_unix_ms.load(Ordering::Relaxed),
+            skewed: s.skewed.load(Ordering::Relaxed).then(|| s.clock_skew_ms.load(Ordering::Relaxed)),
+            epoch_differs: s.epoch_differs.load(Ordering::Relaxed),
+        };
+        fence(Ordering::Acquire);
+        if s.seq.load(Ordering::Relaxed) == before {
+            return snap;
+        }
+    }
+}
+
+fn write(f: impl FnOnce(&LeaseSlot)) {
+    let s = SLOT.get();
+    s.seq.fetch_add(1, Ordering::AcqRel);
+    fence(Ordering::Release);
+    f(s);
+    s.seq.fetch_add(1, Ordering::Release);
+}
+
+impl Snapshot {
+    /// The id to stamp with now, or why not.
+    fn usable(&self) -> Result<u16, TicketError> {
+        let refuse = |why: String| Err(TicketError::NoMachineLease(why));
+        let Some(id) = self.machine_id else {
+            return refuse(match self.last_machine_id {
+                None => "no machine-id lease is held yet (pg_ticket.machine_id = -1)".into(),
+                Some(last) => format!("the lease of machine id {last} ended (not renewed in time, or refused); waiting for a new one"),
+            });
+        };
+        if self.epoch_differs {
+            return refuse(format!("the registry's epoch differs from this server's pg_ticket.epoch (machine id {id} leased, unused)"));
+        }
+        if let Some(skew) = self.skewed {
+            return refuse(format!("this server's clock differs from the registry's by {skew} ms, more than half pg_ticket.lease_margin"));
+        }
+        if boot_ms() >= self.valid_until_boot_ms {
+            return refuse(format!("the lease of machine id {id} may have ended (no renewal from the registry in time)"));
+        }
+        Ok(id)
+    }
+}
+
+/// Stamp with the leased id: `issue(machine_id)` runs between two checks of
+/// the lease, and its ID is discarded if the lease changed or ran out.
+pub fn next_id(issue: impl FnOnce(u16) -> i64) -> Result<i64, TicketError> {
+    let before = snapshot();
+    let id = before.usable()?;
+    let issued = issue(id);
+    let after = snapshot();
+    if after.token != before.token || after.machine_id != before.machine_id {
+        return Err(TicketError::NoMachineLease("the machine-id lease changed while stamping; call again".into()));
+    }
+    after.usable()?;
+    Ok(issued)
+}
+
+pub fn register_worker() {
+    BackgroundWorkerBuilder::new("pg_ticket machine-id lease")
+        .set_type("pg_ticket machine-id lease")
+        .set_library("pg_ticket")
+        .set_function("pg_ticket_lease_worker_main")
+        .enable_shmem_access(None)
+        // Only a server that accepts writes needs (and may hold) a lease: a
+        // standby gets its worker at promotion.
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(Some(Duration::from_secs(1)))
+        .load();
+}
+
+struct WorkerHolder {
+    current: RefCell<Option<Published>>,
+    stop: Cell<bool>,
+    last_report: RefCell<String>,
+}
+
+impl LeaseHolder for WorkerHolder {
+    fn dsn(&self) -> String {
+        settings::registry()
+    }
+
+    fn publish(&self, lease: Published) {
+        let g = lease.grant;
+        let new_lease = self.current.borrow().is_none_or(|p| p.grant.lease != g.lease);
+        let epoch_differs = g.epoch_ms != settings::epoch_unix_ms();
+        if new_lease {
+            super::raise_floor(g.not_before_ms);
+            log!(
+                "pg_ticket: leased machine id {} (lease {}) until {} (registry clock), stamping above {} ms",
+                g.machine_id,
+                g.lease,
+                g.expires_at_ms,
+                g.not_before_ms
+            );
+            if epoch_differs {
+                warning!("pg_ticket: the registry's epoch ({} ms) differs from pg_ticket.epoch; snowflake_id() refuses", g.epoch_ms);
+            }
+        }
+        write(|s| {
+            s.machine_id.store(i64::from(g.machine_id), Ordering::Relaxed);
+            s.held.store(true, Ordering::Relaxed);
+            s.token.store(g.lease, Ordering::Relaxed);
+            s.valid_until_boot_ms.store(lease.reckoning.sent_at_ms + lease.reckoning.ttl_ms, Ordering::Relaxed);
+            s.expires_at_unix_ms.store(g.expires_at_ms, Ordering::Relaxed);
+            s.skewed.store(lease.skew.is_some(), Ordering::Relaxed);
+            s.clock_skew_ms.store(lease.skew.map_or(0, |(skew, _)| skew), Ordering::Relaxed);
+            s.epoch_differs.store(epoch_differs, Ordering::Relaxed);
+        });
+        *self.current.borrow_mut() = Some(lease);
+        self.last_report.borrow_mut().clear();
+    }
+
+    fn withdraw(&self) {
+        if let Some(p) = self.current.borrow_mut().take() {
+            log!("pg_ticket: the lease of machine id {} (lease {}) is over", p.grant.machine_id, p.grant.lease);
+        }
+        write(|s| {
+            s.held.store(false, Ordering::Relaxed);
+            s.valid_until_boot_ms.store(0, Ordering::Relaxed);
+        });
+    }
+
+    fn report(&self, error: &str) {
+        // Once per distinct error, not once per retry.
+        if *self.last_report.borrow() != error {
+            warning!("pg_ticket: the machine-id registry (pg_ticket.registry): {error}");
+            *self.last_report.borrow_mut() = error.to_string();
+        }
+    }
+
+    fn current(&self) -> Option<Published> {
+        *self.current.borrow()
+    }
+
+    fn last_stamp_ms(&self) -> Option<i64> {
+        super::last_stamp_unix_ms()
+    }
+
+    fn pause_until(&self, until_boot_ms: i64) -> bool {
+        let left = until_boot_ms - boot_ms();
+        if left > 0 && !self.stop.get() && !BackgroundWorker::wait_latch(Some(Duration::from_millis(left as u64))) {
+            self.stop.set(true);
+        }
+        if BackgroundWorker::sighup_received() {
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
+        self.stop.get()
+    }
+
+    fn stopping(&self) -> bool {
+        if BackgroundWorker::sigterm_received() {
+            self.stop.set(true);
+        }
+        self.stop.get()
+    }
+}
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn pg_ticket_lease_worker_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let holder = WorkerHolder { current: RefCell::new(None), stop: Cell::new(false), last_report: RefCell::new(String::new()) };
+    let (system, port, timeline) = unsafe { (pg_sys::GetSystemIdentifier(), pg_sys::PostPortNumber, pg_sys::GetWALInsertionTimeLine()) };
+    let name = format!("postgres system {system} port {port} timeline {timeline}");
+    LeaseKeeper::new(name, settings::machine_lease_ttl_ms(), 1_000).run(&holder);
+}

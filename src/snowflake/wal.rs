@@ -1,0 +1,135 @@
+//! The snowflake mark in WAL (SPEC §10): every time the reserved mark is
+//! moved ahead, the new value is written to WAL (a record of pg_ticket's
+//! own resource manager) and flushed before the file is written and any ID
+//! is stamped with it. A standby's startup process replays the record into
+//! the standby's own mark file, so a promoted standby starts above what the
+//! old primary had reserved — not only above the file it copied at
+//! pg_basebackup time, and whatever its own clock says.
+//!
+//! Why a custom resource manager (PostgreSQL 15+): the generator is one per
+//! server, and its mark must follow the server's WAL, not a database's. A
+//! sequence or a generic-WAL page would live in one database's relation;
+//! this record belongs to no database, costs one small WAL record per mark
+//! move (about two per second under load, none when idle), and its replay
+//! feeds the same file a restart reads, so restart and failover share one
+//! mechanism. With synchronous replication the record is also waited for
+//! like a commit, so a synchronous standby has it before any ID uses it.
+//!
+//! The record's resource-manager id (`RMGR_ID`) must be free on the
+//! server: another extension registering the same id stops the server at
+//! start with a message. Standbys must preload pg_ticket too (they replay
+//! the records), and a server that wrote such WAL must keep pg_ticket
+//! preloaded until a clean shutdown or checkpoint has passed its last one.
+//!
+//! Touches: WAL (insert, flush, sync-rep wait) and the mark file. Runs in
+//! the backend that moves the mark (holding the generator's `busy` flag,
+//! no LWLock) and, on replay, in the startup process.
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::ffi::CStr;
+use std::path::Path;
+use ticket_core::snowflake::{FileMarkStore, MarkStore, SnowflakeError};
+
+use super::MARK_FILE;
+
+/// pg_ticket's resource manager id, in PostgreSQL's custom range (128-255).
+pub const RMGR_ID: u8 = 157;
+const RMGR_NAME: &CStr = c"pg_ticket_snowflake";
+/// The only record kind: "the mark is now at least this" (Unix ms, i64 LE).
+const XLOG_MARK: u8 = 0x00;
+
+static mut RMGR: pg_sys::RmgrData = pg_sys::RmgrData {
+    rm_name: RMGR_NAME.as_ptr(),
+    rm_redo: Some(redo),
+    rm_desc: Some(desc),
+    rm_identify: Some(identify),
+    rm_startup: None,
+    rm_cleanup: None,
+    rm_mask: None,
+    rm_decode: None,
+};
+
+/// At preload only (PostgreSQL's rule for custom resource managers).
+pub fn register() {
+    unsafe { pg_sys::RegisterCustomRmgr(RMGR_ID, std::ptr::addr_of_mut!(RMGR) as _) };
+}
+
+/// The mark file, with every save written to WAL first.
+pub struct WalMarkStore;
+
+impl MarkStore for WalMarkStore {
+    fn load(&self) -> Result<Option<i64>, SnowflakeError> {
+        file().load()
+    }
+
+    fn save(&self, reserved_until_unix_ms: i64) -> Result<(), String> {
+        // The mark is only written while issuing, never during recovery.
+        unsafe {
+            let bytes = reserved_until_unix_ms.to_le_bytes();
+            pg_sys::XLogBeginInsert();
+            pg_sys::XLogRegisterData(bytes.as_ptr() as _, bytes.len() as _);
+            let lsn = pg_sys::XLogInsert(RMGR_ID, XLOG_MARK);
+            pg_sys::XLogFlush(lsn);
+            // Returns at once without synchronous standbys configured.
+            pg_sys::SyncRepWaitForLSN(lsn, false);
+        }
+        file().save(reserved_until_unix_ms)
+    }
+
+    fn location(&self) -> String {
+        file().location()
+    }
+}
+
+fn file() -> FileMarkStore<'static> {
+    FileMarkStore { path: Path::new(MARK_FILE) }
+}
+
+fn record_mark(record: *mut pg_sys::XLogReaderState) -> Option<i64> {
+    unsafe {
+        let decoded = (*record).record;
+        if decoded.is_null() || (*decoded).main_data_len as usize != 8 {
+            return None;
+        }
+        let data = std::slice::from_raw_parts((*decoded).main_data as *const u8, 8);
+        Some(i64::from_le_bytes(data.try_into().ok()?))
+    }
+}
+
+/// Replay: the file takes the record's mark unless it already holds a
+/// later one (replaying a primary's own WAL after a crash changes nothing).
+/// A damaged file is replaced: the record is the primary's word.
+#[pg_guard]
+unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
+    let Some(mark) = record_mark(record) else {
+        pgrx::error!("pg_ticket: a snowflake mark WAL record of the wrong size");
+    };
+    let store = file();
+    if matches!(store.load(), Ok(Some(current)) if current >= mark) {
+        return;
+    }
+    if let Err(e) = store.save(mark) {
+        pgrx::error!("pg_ticket: cannot write the snowflake mark {} while replaying WAL: {e}", store.location());
+    }
+}
+
+/// For pg_waldump and pg_walinspect.
+#[pg_guard]
+unsafe extern "C-unwind" fn desc(buf: pg_sys::StringInfo, record: *mut pg_sys::XLogReaderState) {
+    let text = match record_mark(record) {
+        Some(mark) => format!("snowflake mark {mark} ms"),
+        None => "snowflake mark (malformed)".to_string(),
+    };
+    let text = std::ffi::CString::new(text).unwrap_or_default();
+    unsafe { pg_sys::appendStringInfoString(buf, text.as_ptr()) };
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn identify(info: u8) -> *const std::ffi::c_char {
+    if info & !pg_sys::XLR_INFO_MASK as u8 == XLOG_MARK {
+        c"MARK".as_ptr()
+    } else {
+        std::ptr::null()
+    }
+}
