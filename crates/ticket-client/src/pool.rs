@@ -193,6 +193,11 @@ struct Fetcher {
 
 impl Fetcher {
     fn connect(&mut self) -> Result<&mut Client, postgres::Error> {
+        if self.conn.as_ref().is_some_and(|c| c.is_closed()) {
+            // Closed under us (the server restarted, the session was
+            // terminated): the database may have changed since.
+            self.reconnected = true;
+        }
         if self.conn.as_ref().is_none_or(|c| c.is_closed()) {
             self.conn = Some(crate::connect::config(&self.shared.config.dsn, Duration::from_secs(10))?.connect(NoTls)?);
         }
@@ -235,6 +240,7 @@ impl Fetcher {
     fn fetch(&mut self) -> Result<(), postgres::Error> {
         let name = self.shared.config.name.clone();
         let size = self.shared.config.block_size;
+        self.connect()?;
         if self.reconnected {
             let mark: i64 = self.connect()?.query_one("SELECT current_block_mark($1)", &[&name])?.get(0);
             let mut guard = self.shared.lock();

@@ -301,3 +301,115 @@ fn block_pools_in_two_processes_with_a_lost_reply_never_share_an_id_and_leave_th
     let mark: i64 = db.connect().query_one("SELECT current_block_mark('pool')", &[]).unwrap().get(0);
     assert_eq!(mark, handed_a + handed_b + unused_a + unused_b + 100, "the lost range is exactly one block, never handed out");
 }
+
+#[test]
+fn a_generator_whose_clock_disagrees_with_the_registry_issues_nothing() {
+    let registry = Cluster::start("client-skew", 55473, &["pg_ticket.lease_margin = '2s'"]);
+    let out = PathBuf::from("/tmp/pgt-client-skew/ids");
+    let _ = std::fs::remove_file(&out);
+    let lib = String::from_utf8(Command::new("sh").args(["-c", "dpkg -L libfaketime | grep '/libfaketime.so.1$' | head -1"]).output().unwrap().stdout).unwrap();
+    // 5 s ahead of the registry, more than half the margin (1 s).
+    let mut child = worker(&["gen", &registry.dsn(), "skewed", "3000", out.to_str().unwrap(), "1000000"])
+        .env("LD_PRELOAD", lib.trim())
+        .env("FAKETIME", "+5s")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .spawn()
+        .unwrap();
+    let mut db = registry.connect();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while db.query("SELECT 1 FROM pgticket.machine_leases WHERE holder = 'skewed' AND state = 'held'", &[]).unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the skewed worker never leased");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Leased and renewing, but refusing to stamp.
+    std::thread::sleep(Duration::from_secs(3));
+    signal(&child, libc::SIGKILL);
+    child.wait().unwrap();
+    assert_eq!(records(&out).len(), 0, "IDs stamped by a clock 5 s off the registry's");
+}
+
+#[test]
+fn a_dropped_generator_releases_its_lease_with_its_last_stamp() {
+    let registry = Cluster::start("client-release", 55474, &[]);
+    let generator = LeasedGenerator::start(GeneratorConfig::new(registry.dsn(), "dropping")).unwrap();
+    let grant = generator.wait_for_lease(Duration::from_secs(10)).unwrap();
+    let last = (0..10_000).map(|_| generator.next_id().unwrap()).max().unwrap();
+    drop(generator);
+    let row = registry
+        .connect()
+        .query_one("SELECT state, last_issued_ms FROM pgticket.machine_leases WHERE machine_id = $1", &[&i32::from(grant.machine_id)])
+        .unwrap();
+    assert_eq!(row.get::<_, String>(0), "released");
+    assert_eq!(row.get::<_, Option<i64>>(1), Some(stamp_ms(last)), "the release reports the last stamp");
+}
+
+#[test]
+fn a_block_pool_rides_out_an_outage_until_both_blocks_are_spent_and_drops_blocks_the_database_forgot() {
+    use ticket_client::{BlockPool, PoolConfig};
+    let db = Cluster::start("client-outage", 55475, &[]);
+    let mut config = PoolConfig::new(format!("{} application_name=outage-pool", db.dsn()), "outage", 1000);
+    config.wait_timeout = Duration::from_millis(500);
+    let pool = BlockPool::start(config).unwrap();
+    let mut ids: Vec<i64> = (0..600).map(|_| pool.next_id().unwrap()).collect();
+    // Past half the first block: the second is fetched in the background.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pool.stats().blocks_reserved < 2 {
+        assert!(Instant::now() < deadline, "no block fetched ahead");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    db.stop_with("immediate");
+    // The outage: the rest of the first block and all of the second.
+    loop {
+        match pool.next_id() {
+            Ok(id) => ids.push(id),
+            Err(e) => {
+                assert!(matches!(e, ticket_client::ClientError::BlocksExhausted { .. }), "{e}");
+                break;
+            }
+        }
+    }
+    assert_eq!(ids.len(), 2000, "served both blocks through the outage");
+    db.up(None);
+    let back = Instant::now();
+    let resumed = loop {
+        if let Ok(id) = pool.next_id() {
+            break id;
+        }
+        assert!(back.elapsed() < Duration::from_secs(30), "no block after the database came back");
+    };
+    assert_eq!(resumed, 2001, "the next block after the outage");
+    ids.push(resumed);
+
+    // A restore from before the pool's blocks: the database forgets them
+    // (the extension dropped and created again: the mark back at 0). After
+    // it reconnects, the pool drops the blocks that end above the mark.
+    let mut admin = db.connect();
+    while pool.stats().blocks_reserved < 4 {
+        ids.push(pool.next_id().unwrap()); // until one is fetched ahead again
+    }
+    admin.batch_execute("DROP EXTENSION pg_ticket; CREATE EXTENSION pg_ticket").unwrap();
+    let terminated: i64 = admin
+        .query_one("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = 'outage-pool'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(terminated, 1, "the pool's session");
+    let before = pool.stats().blocks_discarded;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pool.stats().blocks_discarded == before {
+        assert!(Instant::now() < deadline, "held blocks were not dropped after the reconnect: {:?} {:?}", pool.stats(), pool.unused());
+        match pool.next_id() {
+            // From a block held before the rewind unless the drop (which
+            // comes before any new block) has happened meanwhile.
+            Ok(id) if pool.stats().blocks_discarded == before => ids.push(id),
+            Ok(_) => {}
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+        // Slowly, so the pool still holds its block when it reconnects.
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let after_restore = pool.next_id().unwrap();
+    assert!(after_restore <= 1000, "after the rewind the pool serves the database's new block, not its forgotten ones: {after_restore}");
+    // Before the rewind nothing repeated (after it, the database itself
+    // hands its forgotten range out again: that is what a rewind means).
+    assert_eq!(duplicates(ids), 0);
+}
