@@ -234,6 +234,11 @@ impl LeaseHolder for WorkerHolder {
         self.stop.get()
     }
 
+    /// `pg_ticket.machine_lease_ttl` as reloaded: used from the next call.
+    fn ttl_ms(&self) -> Option<i64> {
+        Some(settings::machine_lease_ttl_ms())
+    }
+
     fn stopping(&self) -> bool {
         if BackgroundWorker::sigterm_received() {
             self.stop.set(true);

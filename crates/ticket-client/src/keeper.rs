@@ -42,6 +42,10 @@ pub trait LeaseHolder {
     /// Sleep until the boot-clock time, or until told to stop; true: stop.
     fn pause_until(&self, boot_ms: i64) -> bool;
     fn stopping(&self) -> bool;
+    /// A new ttl for the next call (a reloaded setting); None: keep it.
+    fn ttl_ms(&self) -> Option<i64> {
+        None
+    }
 }
 
 pub struct LeaseKeeper {
@@ -81,6 +85,9 @@ impl LeaseKeeper {
     /// Runs until the holder says stop, then releases.
     pub fn run(&mut self, holder: &impl LeaseHolder) {
         loop {
+            if let Some(ttl_ms) = holder.ttl_ms() {
+                self.ttl_ms = ttl_ms;
+            }
             if holder.stopping() {
                 if let Some(p) = holder.current() {
                     let last = holder.last_stamp_ms();

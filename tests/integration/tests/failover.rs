@@ -207,6 +207,20 @@ fn split_brain_with_leased_ids_never_shares_an_id_and_an_unreachable_registry_st
         std::thread::sleep(Duration::from_millis(100));
     }
     eprintln!("registry back: snowflakes again after {:?}", resumed_at.elapsed());
+
+    // pg_ticket.machine_lease_ttl is reloadable: the next renewal uses it.
+    p.batch_execute("ALTER SYSTEM SET pg_ticket.machine_lease_ttl = '30s'").unwrap();
+    p.batch_execute("SELECT pg_reload_conf()").unwrap();
+    let reloaded = Instant::now();
+    while p
+        .query_one("SELECT machine_lease_expires_at < now() + interval '15 seconds' FROM pgticket.status", &[])
+        .unwrap()
+        .get::<_, Option<bool>>(0)
+        != Some(false)
+    {
+        assert!(reloaded.elapsed() < Duration::from_secs(10), "the reloaded ttl was not used");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 #[test]
