@@ -122,9 +122,7 @@ fn snowflake_decode(
     id: Option<i64>,
 ) -> TableIterator<'static, (name!(created_at, TimestampWithTimeZone), name!(machine_id, i32), name!(sequence, i32))> {
     let (unix_ms, machine_id, sequence) = snowflake::decode(required("id", id));
-    let created_at = snowflake::timestamptz_of_unix_ms(unix_ms)
-        .unwrap_or_else(|| pgrx::error!("pg_ticket: cannot represent the timestamp of {unix_ms} ms"));
-    TableIterator::once((created_at, i32::from(machine_id), i32::from(sequence)))
+    TableIterator::once((snowflake::timestamptz_or_error(unix_ms), i32::from(machine_id), i32::from(sequence)))
 }
 
 /// The millisecond of `at` in Unix ms (rounded down); infinity is refused.

@@ -19,7 +19,7 @@ use pgrx::prelude::*;
 use crate::api::{name_arg, required};
 use crate::errors::{postgres_errors_as_raised, OrRaise};
 use crate::names::Name;
-use crate::snowflake::timestamptz_of_unix_ms;
+use crate::snowflake::timestamptz_or_error;
 
 /// A ttl in ms; months count as 30 days (anything that long is refused).
 fn ttl_ms(ttl: Option<Interval>) -> i64 {
@@ -31,10 +31,6 @@ fn ttl_ms(ttl: Option<Interval>) -> i64 {
 fn machine_id_arg(machine_id: Option<i32>) -> u16 {
     let id = required("machine_id", machine_id);
     ticket_core::snowflake::check_machine_id(i64::from(id)).or_raise()
-}
-
-fn timestamptz(unix_ms: i64) -> TimestampWithTimeZone {
-    timestamptz_of_unix_ms(unix_ms).unwrap_or_else(|| pgrx::error!("pg_ticket: cannot represent {unix_ms} ms as a timestamp"))
 }
 
 /// Lease a machine id for `ttl`: the id, the lease's fencing token, the
@@ -60,7 +56,7 @@ fn lease_machine_id(
             i32::from(grant.machine_id),
             grant.lease,
             grant.not_before_ms,
-            timestamptz(grant.expires_at_ms),
+            timestamptz_or_error(grant.expires_at_ms),
             grant.epoch_ms,
         ))
     })
@@ -77,7 +73,7 @@ fn renew_machine_id(
     postgres_errors_as_raised(|| {
         let id = machine_id_arg(machine_id);
         let lease = required("lease", lease);
-        timestamptz(registry::renew(id, lease, ttl_ms(ttl), last_issued_ms).or_raise())
+        timestamptz_or_error(registry::renew(id, lease, ttl_ms(ttl), last_issued_ms).or_raise())
     })
 }
 

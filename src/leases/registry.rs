@@ -31,18 +31,9 @@ use std::collections::HashMap;
 
 use crate::errors::TicketError;
 use crate::names::Name;
-use crate::snowflake::{now_unix_ms, timestamptz_of_unix_ms, unix_ms_of_timestamptz};
+use crate::snowflake::{now_unix_ms, timestamptz_or_error, unix_ms_of_timestamptz};
 use crate::{settings, xact};
-use ticket_core::leases::{self, CurrentLease, LastLease, LeaseError};
-
-/// What a grant answers (SPEC §8).
-pub struct Grant {
-    pub machine_id: u16,
-    pub lease: i64,
-    pub not_before_ms: i64,
-    pub expires_at_ms: i64,
-    pub epoch_ms: i64,
-}
+use ticket_core::leases::{self, CurrentLease, Grant, LastLease, LeaseError};
 
 /// This registry as a server, timeline and database.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -75,7 +66,7 @@ struct Serving {
 }
 
 fn ts(unix_ms: i64) -> DatumWithOid<'static> {
-    DatumWithOid::from(timestamptz_of_unix_ms(unix_ms).unwrap_or_else(|| pgrx::error!("pg_ticket: cannot represent {unix_ms} ms as a timestamp")))
+    DatumWithOid::from(timestamptz_or_error(unix_ms))
 }
 
 fn ms(t: Option<TimestampWithTimeZone>) -> Option<i64> {
@@ -176,25 +167,23 @@ fn leases_of(table: SpiTupleTable<'_>) -> Result<Vec<(CurrentLease, LastLease)>,
     Ok(out)
 }
 
-/// Lock one id's row (waiting for another call on it: those are short).
+/// Lock one id's row: waiting for another call on it (those are short), or
+/// with `skip_locked` not waiting (None if another call holds it).
 /// Locking reads run as updates: SPI refuses FOR UPDATE in a read-only one.
-fn lock_lease(client: &mut SpiClient<'_>, machine_id: u16) -> Result<Option<(CurrentLease, LastLease)>, SpiError> {
+fn lock_lease(client: &mut SpiClient<'_>, machine_id: u16, skip_locked: bool) -> Result<Option<(CurrentLease, LastLease)>, SpiError> {
+    let skip = if skip_locked { " SKIP LOCKED" } else { "" };
     let table = client.update(
-        &format!("SELECT {LEASE_COLUMNS} FROM pgticket.machine_id_leases WHERE machine_id OPERATOR(pg_catalog.=) $1 FOR UPDATE"),
+        &format!("SELECT {LEASE_COLUMNS} FROM pgticket.machine_id_leases WHERE machine_id OPERATOR(pg_catalog.=) $1 FOR UPDATE{skip}"),
         None,
         &[i32::from(machine_id).into()],
     )?;
     Ok(leases_of(table)?.pop())
 }
 
-fn writable() -> Result<(), TicketError> {
-    xact::check_writable()
-}
-
 /// Runs `f` as the tables' owner with SPI connected; a failed statement is
 /// PostgreSQL's error, raised as it raised it.
 fn with_registry<R>(f: impl FnOnce(&mut SpiClient<'_>) -> Result<Result<R, TicketError>, SpiError>) -> Result<R, TicketError> {
-    writable()?;
+    xact::check_writable()?;
     crate::counters::as_table_owner(|| {
         Spi::connect_mut(|client| f(client)).unwrap_or_else(|e| pgrx::error!("pg_ticket: the lease registry: {e}"))
     })
@@ -225,17 +214,9 @@ pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
         let own = settings::own_snowflake_machine_id();
         let available = leases::availability(&allowed, own, |id| rows.get(&id).copied(), now_ms, margin_ms);
         for id in available.free {
-            let grant = if rows.contains_key(&id) {
-                let locked = client.update(
-                    &format!(
-                        "SELECT {LEASE_COLUMNS} FROM pgticket.machine_id_leases \
-                          WHERE machine_id OPERATOR(pg_catalog.=) $1 FOR UPDATE SKIP LOCKED"
-                    ),
-                    None,
-                    &[i32::from(id).into()],
-                )?;
+            let (granted, leased_at_ms, not_before_ms) = if rows.contains_key(&id) {
                 // Locked by another grant, or changed since it was read.
-                let Some((_, last)) = leases_of(locked)?.pop() else { continue };
+                let Some((_, last)) = lock_lease(client, id, true)? else { continue };
                 let leased_at_ms = now_unix_ms();
                 if last.free_from_ms(margin_ms) > leased_at_ms {
                     continue;
@@ -264,7 +245,6 @@ pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
                 // Empty: another grant took it first.
                 (granted, leased_at_ms, 0)
             };
-            let (granted, leased_at_ms, not_before_ms) = grant;
             if granted.is_empty() {
                 continue;
             }
@@ -276,6 +256,7 @@ pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
                 not_before_ms,
                 expires_at_ms: leased_at_ms + ttl_ms,
                 epoch_ms: settings::registry_epoch_unix_ms(),
+                margin_ms,
             }));
         }
         Ok(Err(LeaseError::NoneFree {
@@ -291,7 +272,7 @@ pub fn renew(machine_id: u16, lease: i64, ttl_ms: i64, last_issued_ms: Option<i6
     leases::check_ttl_within(ttl_ms, settings::lease_max_ttl_ms())?;
     with_registry(|client| {
         let serving = serving(client, identity())?;
-        let current = lock_lease(client, machine_id)?.map(|(c, _)| c);
+        let current = lock_lease(client, machine_id, false)?.map(|(c, _)| c);
         let now_ms = now_unix_ms();
         if let Err(e) = leases::check_renewal(current.as_ref(), machine_id, lease, now_ms, serving.since_ms) {
             return Ok(Err(e.into()));
@@ -311,7 +292,7 @@ pub fn renew(machine_id: u16, lease: i64, ttl_ms: i64, last_issued_ms: Option<i6
 
 pub fn release(machine_id: u16, lease: i64, last_issued_ms: Option<i64>) -> Result<(), TicketError> {
     with_registry(|client| {
-        let current = lock_lease(client, machine_id)?.map(|(c, _)| c);
+        let current = lock_lease(client, machine_id, false)?.map(|(c, _)| c);
         if let Err(e) = leases::check_release(current.as_ref(), machine_id, lease) {
             return Ok(Err(e.into()));
         }
@@ -332,7 +313,7 @@ pub fn release(machine_id: u16, lease: i64, last_issued_ms: Option<i64>) -> Resu
 /// End the id's lease now; true if a live one was ended.
 pub fn revoke(machine_id: u16) -> Result<bool, TicketError> {
     with_registry(|client| {
-        let Some((current, _)) = lock_lease(client, machine_id)? else { return Ok(Ok(false)) };
+        let Some((current, _)) = lock_lease(client, machine_id, false)? else { return Ok(Ok(false)) };
         let now_ms = now_unix_ms();
         if current.ended_at_ms.is_some() || current.expires_at_ms <= now_ms {
             return Ok(Ok(false));

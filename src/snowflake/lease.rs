@@ -45,9 +45,9 @@ pub struct LeaseSlot {
     valid_until_boot_ms: AtomicI64,
     /// The registry's expiry as last heard (Unix ms), for the status view.
     expires_at_unix_ms: AtomicI64,
-    /// Why there is no usable lease (shown by snowflake_id()'s refusal).
+    /// This server's clock minus the registry's while they disagree by
+    /// more than half the margin (never 0 then); 0 while they agree.
     clock_skew_ms: AtomicI64,
-    skewed: AtomicBool,
     epoch_differs: AtomicBool,
 }
 
@@ -87,7 +87,7 @@ pub fn snapshot() -> Snapshot {
             token: s.token.load(Ordering::Relaxed),
             valid_until_boot_ms: s.valid_until_boot_ms.load(Ordering::Relaxed),
             expires_at_unix_ms: s.expires_at_unix_ms.load(Ordering::Relaxed),
-            skewed: s.skewed.load(Ordering::Relaxed).then(|| s.clock_skew_ms.load(Ordering::Relaxed)),
+            skewed: Some(s.clock_skew_ms.load(Ordering::Relaxed)).filter(|&skew| skew != 0),
             epoch_differs: s.epoch_differs.load(Ordering::Relaxed),
         };
         fence(Ordering::Acquire);
@@ -189,7 +189,6 @@ impl LeaseHolder for WorkerHolder {
             s.token.store(g.lease, Ordering::Relaxed);
             s.valid_until_boot_ms.store(lease.reckoning.sent_at_ms + lease.reckoning.ttl_ms, Ordering::Relaxed);
             s.expires_at_unix_ms.store(g.expires_at_ms, Ordering::Relaxed);
-            s.skewed.store(lease.skew.is_some(), Ordering::Relaxed);
             s.clock_skew_ms.store(lease.skew.map_or(0, |(skew, _)| skew), Ordering::Relaxed);
             s.epoch_differs.store(epoch_differs, Ordering::Relaxed);
         });

@@ -73,6 +73,11 @@ pub fn timestamptz_of_unix_ms(unix_ms: i64) -> Option<TimestampWithTimeZone> {
     TimestampWithTimeZone::try_from((unix_ms - PG_EPOCH_UNIX_MS) * 1000).ok()
 }
 
+/// Unix ms as a timestamptz, or an error for a time PostgreSQL cannot hold.
+pub fn timestamptz_or_error(unix_ms: i64) -> TimestampWithTimeZone {
+    timestamptz_of_unix_ms(unix_ms).unwrap_or_else(|| pgrx::error!("pg_ticket: cannot represent {unix_ms} ms as a timestamp"))
+}
+
 /// The millisecond (rounded down) of a finite timestamptz, in Unix ms.
 pub fn unix_ms_of_timestamptz(at: TimestampWithTimeZone) -> i64 {
     let micros_since_2000: i64 = at.into_inner();

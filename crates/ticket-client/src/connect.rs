@@ -32,6 +32,15 @@ pub fn config(dsn: &str, bound: Duration) -> Result<postgres::Config, postgres::
     Ok(config)
 }
 
+/// The connection in `slot`, made anew (from `dsn`, waits bounded by
+/// `bound`) if there is none or the server closed it.
+pub fn reuse_or_connect<'a>(slot: &'a mut Option<postgres::Client>, dsn: &str, bound: Duration) -> Result<&'a mut postgres::Client, postgres::Error> {
+    if slot.as_ref().is_none_or(|c| c.is_closed()) {
+        *slot = Some(config(dsn, bound)?.connect(postgres::NoTls)?);
+    }
+    Ok(slot.as_mut().expect("connected"))
+}
+
 /// The password of the first matching `host:port:database:user:password`
 /// line (`*` matches anything; `\:` and `\\` are escapes).
 fn lookup(text: &str, config: &postgres::Config) -> Option<String> {

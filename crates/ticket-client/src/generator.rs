@@ -23,7 +23,7 @@ use crate::clock::{boot_ms, WallClock};
 use crate::keeper::{LeaseHolder, LeaseKeeper, Published};
 use crate::registry::Grant;
 use crate::ClientError;
-use ticket_core::leases::{check_ttl, Reckoning};
+use ticket_core::leases::check_ttl;
 use ticket_core::snowflake::{self, MarkStore, SharedState, SnowflakeError};
 
 #[derive(Debug, Clone)]
@@ -45,10 +45,8 @@ impl GeneratorConfig {
 }
 
 struct Held {
-    grant: Grant,
-    reckoning: Reckoning,
-    /// Some((skew, allowed)) while this host's clock disagrees with the registry's.
-    skew: Option<(i64, i64)>,
+    /// The lease as the keeper last published it.
+    lease: Published,
     ids: SharedState,
     last_stamp_ms: Option<i64>,
 }
@@ -120,7 +118,7 @@ impl LeasedGenerator {
         let mut st = self.shared.lock();
         loop {
             if let Some(held) = &st.lease {
-                return Ok(held.grant);
+                return Ok(held.lease.grant);
             }
             let left = deadline - boot_ms();
             if left <= 0 {
@@ -140,27 +138,28 @@ impl LeasedGenerator {
         let mut st = self.shared.lock();
         let last_error = st.last_error.clone();
         let Some(held) = st.lease.as_mut() else { return Err(ClientError::NoLease { last_error }) };
-        if let Some((skew_ms, allowed_ms)) = held.skew {
+        let Published { grant, reckoning, skew } = held.lease;
+        if let Some((skew_ms, allowed_ms)) = skew {
             return Err(ClientError::ClockSkew { skew_ms, allowed_ms });
         }
-        let machine_id = held.grant.machine_id;
-        if !held.reckoning.may_issue(boot_ms()) {
+        let machine_id = grant.machine_id;
+        if !reckoning.may_issue(boot_ms()) {
             return Err(ClientError::LeaseMayHaveEnded { machine_id });
         }
-        let id = snowflake::next_id(&held.ids, &WallClock, &NoMark, held.grant.epoch_ms, machine_id)?;
+        let id = snowflake::next_id(&held.ids, &WallClock, &NoMark, grant.epoch_ms, machine_id)?;
         // The stamp was read before this check: a process paused in between
         // (SIGSTOP, a long preemption) finds its lease may be over and
         // drops the ID it made.
-        if !held.reckoning.may_issue(boot_ms()) {
+        if !reckoning.may_issue(boot_ms()) {
             return Err(ClientError::LeaseMayHaveEnded { machine_id });
         }
-        held.last_stamp_ms = Some(held.grant.epoch_ms + (held.ids.last_state() >> snowflake::SEQUENCE_BITS) as i64);
-        Ok((id, held.grant.lease))
+        held.last_stamp_ms = Some(grant.epoch_ms + (held.ids.last_state() >> snowflake::SEQUENCE_BITS) as i64);
+        Ok((id, grant.lease))
     }
 
     /// The lease held now, if any.
     pub fn lease(&self) -> Option<Grant> {
-        self.shared.lock().lease.as_ref().map(|h| h.grant)
+        self.shared.lock().lease.as_ref().map(|h| h.lease.grant)
     }
 }
 
@@ -182,18 +181,12 @@ impl LeaseHolder for Shared {
 
     fn publish(&self, lease: Published) {
         let mut st = self.lock();
-        match st.lease.as_mut().filter(|h| h.grant.lease == lease.grant.lease) {
-            Some(held) => {
-                held.grant = lease.grant;
-                held.reckoning = lease.reckoning;
-                held.skew = lease.skew;
-            }
+        match st.lease.as_mut().filter(|h| h.lease.grant.lease == lease.grant.lease) {
+            Some(held) => held.lease = lease,
             None => {
                 st.lease = Some(Held {
-                    grant: lease.grant,
-                    reckoning: lease.reckoning,
-                    skew: lease.skew,
                     ids: SharedState::starting_after(lease.grant.not_before_ms, lease.grant.epoch_ms),
+                    lease,
                     last_stamp_ms: None,
                 })
             }
@@ -212,7 +205,7 @@ impl LeaseHolder for Shared {
     }
 
     fn current(&self) -> Option<Published> {
-        self.lock().lease.as_ref().map(|h| Published { grant: h.grant, reckoning: h.reckoning, skew: h.skew })
+        self.lock().lease.as_ref().map(|h| h.lease)
     }
 
     fn last_stamp_ms(&self) -> Option<i64> {

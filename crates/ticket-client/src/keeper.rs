@@ -10,7 +10,7 @@
 //! and releases with the last stamp when asked to stop. It never holds the
 //! holder's lock across a call to the registry.
 
-use postgres::{Client, NoTls};
+use postgres::Client;
 use std::time::Duration;
 
 use crate::clock::{boot_ms, wall_ms};
@@ -61,13 +61,10 @@ impl LeaseKeeper {
     }
 
     fn connect(&mut self, holder: &impl LeaseHolder) -> Result<&mut Client, postgres::Error> {
-        if self.conn.as_ref().is_none_or(|c| c.is_closed()) {
-            // A registry that does not answer costs at most a third of the
-            // ttl per call, during which the lease simply runs out.
-            let bound = Duration::from_millis((self.ttl_ms as u64 / 3).max(1_000));
-            self.conn = Some(crate::connect::config(&holder.dsn(), bound)?.connect(NoTls)?);
-        }
-        Ok(self.conn.as_mut().expect("connected"))
+        // A registry that does not answer costs at most a third of the ttl
+        // per call, during which the lease simply runs out.
+        let bound = Duration::from_millis((self.ttl_ms as u64 / 3).max(1_000));
+        crate::connect::reuse_or_connect(&mut self.conn, &holder.dsn(), bound)
     }
 
     fn failed(&mut self, holder: &impl LeaseHolder, e: &postgres::Error) {

@@ -15,7 +15,7 @@
 //! with `current_block_mark`: a block ending above the mark is one the
 //! database no longer has (restored from an older backup) and is dropped.
 
-use postgres::{Client, NoTls};
+use postgres::Client;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -192,17 +192,6 @@ struct Fetcher {
 }
 
 impl Fetcher {
-    fn connect(&mut self) -> Result<&mut Client, postgres::Error> {
-        if self.conn.as_ref().is_some_and(|c| c.is_closed()) {
-            // Closed under us (the server restarted, the session was
-            // terminated): the database may have changed since.
-            self.reconnected = true;
-        }
-        if self.conn.as_ref().is_none_or(|c| c.is_closed()) {
-            self.conn = Some(crate::connect::config(&self.shared.config.dsn, Duration::from_secs(10))?.connect(NoTls)?);
-        }
-        Ok(self.conn.as_mut().expect("connected"))
-    }
 
     fn run(mut self) {
         let size = self.shared.config.block_size;
@@ -240,9 +229,14 @@ impl Fetcher {
     fn fetch(&mut self) -> Result<(), postgres::Error> {
         let name = self.shared.config.name.clone();
         let size = self.shared.config.block_size;
-        self.connect()?;
+        if self.conn.as_ref().is_some_and(|c| c.is_closed()) {
+            // Closed under us (the server restarted, the session was
+            // terminated): the database may have changed since.
+            self.reconnected = true;
+        }
+        let conn = crate::connect::reuse_or_connect(&mut self.conn, &self.shared.config.dsn, Duration::from_secs(10))?;
         if self.reconnected {
-            let mark: i64 = self.connect()?.query_one("SELECT current_block_mark($1)", &[&name])?.get(0);
+            let mark: i64 = conn.query_one("SELECT current_block_mark($1)", &[&name])?.get(0);
             let mut guard = self.shared.lock();
             let st = &mut *guard;
             for slot in [&mut st.current, &mut st.ahead] {
@@ -253,9 +247,7 @@ impl Fetcher {
             }
             self.reconnected = false;
         }
-        self.connect()?;
         self.in_flight = true;
-        let conn = self.conn.as_mut().expect("connected");
         let row = conn.query_one("SELECT first_id, last_id FROM reserve_block($1, $2)", &[&name, &size])?;
         self.in_flight = false;
         let block = Block { next: row.get(0), last: row.get(1) };

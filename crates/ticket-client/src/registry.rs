@@ -3,20 +3,7 @@
 //! so a reply is a lease the registry will remember.
 
 use postgres::Client;
-
-/// A granted lease, as the registry answered it (times in Unix ms, the
-/// registry's clock).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Grant {
-    pub machine_id: u16,
-    /// The fencing token: strictly increasing over every grant.
-    pub lease: i64,
-    pub not_before_ms: i64,
-    pub expires_at_ms: i64,
-    pub epoch_ms: i64,
-    /// The registry's `pg_ticket.lease_margin`.
-    pub margin_ms: i64,
-}
+pub use ticket_core::leases::Grant;
 
 fn ttl_text(ttl_ms: i64) -> String {
     format!("{ttl_ms} milliseconds")

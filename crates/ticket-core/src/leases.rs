@@ -75,6 +75,21 @@ pub fn parse_id_list(text: &str) -> Result<Vec<u16>, LeaseError> {
     Ok(ids)
 }
 
+/// A granted lease: what the registry answers, and what a holder keeps
+/// (times in Unix ms, the registry's clock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Grant {
+    pub machine_id: u16,
+    /// The fencing token: strictly increasing over every grant.
+    pub lease: i64,
+    pub not_before_ms: i64,
+    pub expires_at_ms: i64,
+    /// The ID space's epoch (the registry's `pg_ticket.epoch`).
+    pub epoch_ms: i64,
+    /// The registry's `pg_ticket.lease_margin` (the clock skew allowance).
+    pub margin_ms: i64,
+}
+
 /// What the registry remembers of an id's last lease (times in Unix ms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LastLease {
