@@ -9,6 +9,8 @@
 //! - `tickets/`: `next_ticket()`: the scope cache in shared memory and the
 //!   per-database workers that reserve its segments.
 //! - `leases/`: the machine-id registry (lease, renew, release, revoke).
+//! - `state_tables`: which relations the state tables are, who owns each,
+//!   and running statements as that owner.
 //! - `status`: the `pgticket.status` view and its shared-memory counters.
 //! - `triggers`: `assign_scoped_id()` / `assign_ticket()`, per-row scopes.
 //! - `names`: `text` arguments as the database's bytes (any encoding).
@@ -25,6 +27,7 @@ mod leases;
 mod names;
 mod settings;
 mod snowflake;
+mod state_tables;
 mod status;
 mod tickets;
 mod triggers;

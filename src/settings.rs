@@ -46,6 +46,8 @@ static PRELOADED: AtomicBool = AtomicBool::new(false);
 static EPOCH_UNIX_MS: AtomicI64 = AtomicI64::new(DEFAULT_EPOCH_UNIX_MS);
 static MACHINE: AtomicI64 = AtomicI64::new(0);
 static TICKET_SERIES: AtomicI64 = AtomicI64::new(1 << 32 | 1);
+/// Largest ticket increment (and offset).
+const TICKET_SERIES_MAX: i64 = 1_000_000;
 
 pub fn init() {
     unsafe {
@@ -126,16 +128,16 @@ pub fn init() {
     if machine_id == MachineId::Leased && raw_setting(c"pg_ticket.registry").is_none_or(|r| r.trim().is_empty()) {
         pgrx::error!("pg_ticket.machine_id: -1 (lease one) needs pg_ticket.registry, a connection string to the registry database");
     }
-    // The ticket series is checked as a pair: offset within 1..=increment.
-    let ticket_increment = raw_int(c"pg_ticket.ticket_increment", 1);
-    let ticket_offset = raw_int(c"pg_ticket.ticket_offset", 1);
+    // Checked before they are defined: PostgreSQL would only warn and run
+    // with the default. Parsed as PostgreSQL parses them, so the value
+    // checked is the value SHOW reports and the code uses.
+    let ticket_increment = raw_int(c"pg_ticket.ticket_increment", 1, 1, TICKET_SERIES_MAX);
+    let ticket_offset = raw_int(c"pg_ticket.ticket_offset", 1, 1, TICKET_SERIES_MAX);
+    // The series is checked as a pair: offset within 1..=increment.
     if let Err(e) = Series::new(ticket_offset, ticket_increment) {
         pgrx::error!("pg_ticket.ticket_offset / pg_ticket.ticket_increment: {e}");
     }
-    let ticket_cache_scopes = raw_int(c"pg_ticket.ticket_cache_scopes", 1024);
-    if !(16..=1_000_000).contains(&ticket_cache_scopes) {
-        pgrx::error!("pg_ticket.ticket_cache_scopes: {ticket_cache_scopes} is outside 16..1000000");
-    }
+    let ticket_cache_scopes = raw_int(c"pg_ticket.ticket_cache_scopes", 1024, 16, 1_000_000);
     let epoch_ms = match raw_setting(c"pg_ticket.epoch") {
         None => DEFAULT_EPOCH_UNIX_MS,
         // During preload an ERROR stops the server with this message, which
@@ -169,7 +171,7 @@ pub fn init() {
         c"",
         &TICKET_INCREMENT,
         1,
-        1_000_000,
+        TICKET_SERIES_MAX as i32,
         GucContext::Postmaster,
         GucFlags::default(),
     );
@@ -179,7 +181,7 @@ pub fn init() {
         c"",
         &TICKET_OFFSET,
         1,
-        1_000_000,
+        TICKET_SERIES_MAX as i32,
         GucContext::Postmaster,
         GucFlags::default(),
     );
@@ -237,7 +239,10 @@ pub fn init() {
     }
 
     EPOCH_UNIX_MS.store(epoch_ms, Ordering::Relaxed);
-    TICKET_SERIES.store(ticket_increment << 32 | ticket_offset, Ordering::Relaxed);
+    // The values SHOW reports (equal to those checked above).
+    let series = Series::new(i64::from(TICKET_OFFSET.get()), i64::from(TICKET_INCREMENT.get()))
+        .unwrap_or_else(|e| pgrx::error!("pg_ticket.ticket_offset / pg_ticket.ticket_increment: {e}"));
+    TICKET_SERIES.store(series.increment << 32 | series.offset, Ordering::Relaxed);
     crate::tickets::init_shared_memory(ticket_cache_scopes as usize);
     MACHINE.store(
         match machine_id {
@@ -262,16 +267,26 @@ fn raw_setting(name: &CStr) -> Option<String> {
     (!value.is_null()).then(|| unsafe { CStr::from_ptr(value) }.to_string_lossy().into_owned())
 }
 
-/// A whole-number setting's raw value, or `default`; a value that is not a
-/// whole number stops the server.
-fn raw_int(name: &CStr, default: i64) -> i64 {
-    match raw_setting(name) {
-        None => default,
-        Some(text) => text
-            .trim()
-            .parse()
-            .unwrap_or_else(|_| pgrx::error!("{}: {text:?} is not a whole number", name.to_string_lossy())),
+/// A whole-number setting's raw value as PostgreSQL will parse it (any
+/// base `strtol` takes: '010' is 8), or `default`; a value that is not a
+/// whole number or is outside `min..=max` stops the server naming it.
+fn raw_int(name: &CStr, default: i64, min: i64, max: i64) -> i64 {
+    let Some(text) = raw_setting(name) else { return default };
+    let value = parse_int_as_postgres(&text).unwrap_or_else(|| {
+        pgrx::error!("{}: {text:?} is not a whole number within {min}..{max}", name.to_string_lossy())
+    });
+    if !(min..=max).contains(&value) {
+        pgrx::error!("{}: {value} is outside {min}..{max}", name.to_string_lossy());
     }
+    value
+}
+
+/// PostgreSQL's own integer parser for settings (no unit).
+fn parse_int_as_postgres(text: &str) -> Option<i64> {
+    let c_text = CString::new(text).ok()?;
+    let mut value: i32 = 0;
+    let mut hint: *const c_char = std::ptr::null();
+    unsafe { pg_sys::parse_int(c_text.as_ptr(), &mut value, 0, &mut hint) }.then_some(i64::from(value))
 }
 
 /// Where this server's snowflake machine id comes from.
@@ -283,7 +298,7 @@ pub enum MachineId {
 }
 
 fn parse_machine_id(text: &str) -> Result<MachineId, String> {
-    let number: i64 = text.trim().parse().map_err(|_| format!("{text:?} is not a whole number"))?;
+    let number = parse_int_as_postgres(text).ok_or_else(|| format!("{text:?} is not a whole number"))?;
     if number == -1 {
         return Ok(MachineId::Leased);
     }
@@ -392,10 +407,11 @@ pub fn ticket_series() -> Series {
     Series { offset: packed & 0xffff_ffff, increment: packed >> 32 }
 }
 
-/// Segment size bounds (reloadable).
+/// Segment size bounds (reloadable). A minimum set above the maximum is
+/// capped by it: the maximum is what `SHOW` says bounds a crash's gap.
 pub fn ticket_step_bounds() -> (i64, i64) {
-    let min = i64::from(TICKET_STEP_MIN.get());
-    (min, i64::from(TICKET_STEP_MAX.get()).max(min))
+    let max = i64::from(TICKET_STEP_MAX.get());
+    (i64::from(TICKET_STEP_MIN.get()).min(max), max)
 }
 
 pub fn ticket_wait_timeout() -> std::time::Duration {

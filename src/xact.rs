@@ -65,3 +65,77 @@ pub fn make_commit_durable() {
         );
     }
 }
+
+/// Did the synchronous standbys confirm this backend's last commit? True
+/// when there are none to wait for. PostgreSQL's commit waits for them, but
+/// a cancelled or terminated wait (pg_cancel_backend, pg_terminate_backend)
+/// ends with a WARNING and the commit stands locally only (SPEC §13.2):
+/// whoever hands out what that commit reserved must check this first.
+/// Decided as `SyncRepWaitForLSN` decides whether to wait (the shared
+/// "standbys defined" state, or this backend's setting before the
+/// checkpointer has published it), and read as it reads the flush position
+/// the walsenders released waiters up to (`synchronous_commit = on`).
+pub fn commit_confirmed_by_standbys() -> bool {
+    standbys_confirmed(unsafe { pg_sys::XactLastCommitEnd })
+}
+
+/// Have the synchronous standbys (if any are to be waited for) flushed WAL
+/// up to `lsn`?
+fn standbys_confirmed(lsn: pg_sys::XLogRecPtr) -> bool {
+    unsafe {
+        let ctl = pg_sys::WalSndCtl;
+        if ctl.is_null() {
+            return true;
+        }
+        let defined = {
+            #[cfg(feature = "pg16")]
+            {
+                std::ptr::read_volatile(&raw const (*ctl).sync_standbys_defined)
+            }
+            #[cfg(not(feature = "pg16"))]
+            {
+                // SYNC_STANDBY_INIT / SYNC_STANDBY_DEFINED (walsender_private.h)
+                let status = std::ptr::read_volatile(&raw const (*ctl).sync_standbys_status);
+                if status & 1 != 0 {
+                    status & 2 != 0
+                } else {
+                    let names = pg_sys::SyncRepStandbyNames;
+                    !names.is_null() && *names != 0
+                }
+            }
+        };
+        if !defined {
+            return true;
+        }
+        let confirmed = std::ptr::read_volatile(&raw const (*ctl).lsn[pg_sys::SYNC_REP_WAIT_FLUSH as usize]);
+        lsn <= confirmed
+    }
+}
+
+/// Wait, as a commit would with `synchronous_commit = on`, until the
+/// synchronous standbys (if any) have flushed WAL up to `lsn`, whatever
+/// this session's `synchronous_commit` says (the snowflake mark is the
+/// server's, not the session's). Interrupts are held as PostgreSQL holds
+/// them around this wait; a cancel or terminate ends it early with a
+/// WARNING, and then this returns false: the caller refuses (SPEC §13.2).
+pub fn wait_for_synchronous_standbys(lsn: pg_sys::XLogRecPtr) -> bool {
+    unsafe {
+        // The level and the wait mode its assign hook derives, for this
+        // wait only (no GUC stack entry: nothing can fail in between).
+        let saved = pg_sys::synchronous_commit;
+        let on = pg_sys::SyncCommitLevel::SYNCHRONOUS_COMMIT_REMOTE_FLUSH as i32;
+        let raise = saved < on;
+        if raise {
+            pg_sys::synchronous_commit = on;
+            pg_sys::assign_synchronous_commit(on, std::ptr::null_mut());
+        }
+        pg_sys::InterruptHoldoffCount += 1;
+        pg_sys::SyncRepWaitForLSN(lsn, false);
+        pg_sys::InterruptHoldoffCount -= 1;
+        if raise {
+            pg_sys::synchronous_commit = saved;
+            pg_sys::assign_synchronous_commit(saved, std::ptr::null_mut());
+        }
+        standbys_confirmed(lsn)
+    }
+}

@@ -19,7 +19,7 @@ use std::cell::RefCell;
 use std::ffi::c_void;
 
 use super::store::{self, Locked};
-use super::tables::{self, Tables};
+use crate::state_tables::{self, Table, Tables};
 use crate::errors::TicketError;
 use crate::names::Name;
 use crate::settings;
@@ -38,6 +38,14 @@ impl Kind {
         match self {
             Kind::Scope => "scoped counter",
             Kind::Block => "block",
+        }
+    }
+
+    /// This kind's state table.
+    pub fn table(self, tables: &Tables) -> Table {
+        match self {
+            Kind::Scope => tables.scoped_counters,
+            Kind::Block => tables.blocks,
         }
     }
 }
@@ -95,7 +103,7 @@ pub fn limit(kind: Kind, a: Name<'_>, b: Name<'_>, max: i64) -> Result<i64, Tick
 
 /// The current mark as this transaction sees it, without locking.
 pub fn current(kind: Kind, a: Name<'_>, b: Name<'_>) -> i64 {
-    let table = tables::current().of(kind);
+    let table = kind.table(&state_tables::current()).oid;
     let local = STATE.with(|s| {
         let mut s = s.borrow_mut();
         let s = &mut *s;
@@ -112,7 +120,7 @@ fn update_mark(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> Result<i
 fn update_row(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> Result<Mark, TicketError> {
     xact::check_writable()?;
     let subxact = unsafe { pg_sys::GetCurrentSubTransactionId() };
-    let table = tables::current().of(kind);
+    let table = kind.table(&state_tables::current()).oid;
     let fast = STATE.with(|s| -> Option<Result<Mark, TicketError>> {
         let mut s = s.borrow_mut();
         let s = &mut *s;
@@ -169,8 +177,9 @@ fn register_callbacks() {
 }
 
 /// Pre-commit (or pre-prepare): write every moved mark back, and make the
-/// commit durable.
-fn flush_marks(committing: bool) {
+/// commit (or the PREPARE: two-phase commit is a commit, SPEC §13.8)
+/// durable.
+fn flush_marks() {
     let dirty: Vec<(Box<[u8]>, Mark)> = STATE.with(|s| {
         let mut s = s.borrow_mut();
         s.flushed = true;
@@ -178,7 +187,7 @@ fn flush_marks(committing: bool) {
     });
     // Values were taken (the row lock's own UPDATE took them even when no
     // mark moved since), and they may have left the database already.
-    if committing && settings::durable_commit() {
+    if settings::durable_commit() {
         xact::make_commit_durable();
     }
     if dirty.is_empty() {
@@ -186,7 +195,7 @@ fn flush_marks(committing: bool) {
     }
     // Pre-commit runs after the last statement's snapshot was released.
     unsafe { pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot()) };
-    let now: Option<Tables> = tables::lookup();
+    let now: Option<Tables> = state_tables::lookup();
     {
         // Values already taken are stored even if the transaction was made
         // READ ONLY after taking them.
@@ -195,7 +204,7 @@ fn flush_marks(committing: bool) {
             let (kind, table, a, b) = decode_key(key);
             // A table dropped in this transaction (DROP EXTENSION) took its
             // rows, and their marks, with it.
-            if now.is_some_and(|t| t.of(kind) == table) {
+            if now.is_some_and(|t| kind.table(&t).oid == table) {
                 store::write(kind, a, b, *row);
             }
         }
@@ -221,9 +230,7 @@ unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: 
         return;
     }
     match event {
-        pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT => flush_marks(true),
-        // PREPARE TRANSACTION always flushes its WAL, and COMMIT PREPARED too.
-        pg_sys::XactEvent::XACT_EVENT_PRE_PREPARE => flush_marks(false),
+        pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT | pg_sys::XactEvent::XACT_EVENT_PRE_PREPARE => flush_marks(),
         pg_sys::XactEvent::XACT_EVENT_COMMIT
         | pg_sys::XactEvent::XACT_EVENT_ABORT
         | pg_sys::XactEvent::XACT_EVENT_PREPARE => forget_all(),

@@ -7,14 +7,11 @@
 //!   callbacks that write the marks back, durably, at commit.
 //! - `store`: the SPI statements; the only code that reads or writes the two
 //!   tables, always as their owner.
-//! - `tables`: which relations the tables are now and who owns them, cached
-//!   per backend and dropped on a relcache invalidation.
+//! Which relations the tables are and who owns each: `crate::state_tables`.
 //!
 //! This module touches nothing but those two tables and backend-local state.
 
 mod allocator;
 mod store;
-mod tables;
 
 pub use allocator::{advance, current, limit, take, Kind};
-pub use store::as_table_owner;

@@ -15,7 +15,7 @@ use pgrx::PgOid;
 use std::cell::RefCell;
 
 use super::allocator::Kind;
-use super::tables::{self, Tables};
+use crate::state_tables::{self, as_owner_of, Tables};
 use crate::names::Name;
 use ticket_core::counter::Mark;
 
@@ -101,9 +101,8 @@ fn prepare(client: &SpiClient<'_>, kind: Kind, tables: Tables) -> Statements {
 /// Runs `f` with SPI connected, as the state tables' owner, with this kind's
 /// statements prepared.
 fn with_statements<R>(kind: Kind, f: impl FnOnce(&mut SpiClient<'_>, &Statements) -> R) -> R {
-    let tables = tables::current();
-    let _as_owner = AsUser::switch_to(tables.owner);
-    Spi::connect_mut(|client| {
+    let tables = state_tables::current();
+    as_owner_of(kind.table(&tables), || Spi::connect_mut(|client| {
         STATEMENTS.with(|cell| {
             let mut all = cell.borrow_mut();
             let slot = &mut all[kind as usize];
@@ -112,44 +111,7 @@ fn with_statements<R>(kind: Kind, f: impl FnOnce(&mut SpiClient<'_>, &Statements
             }
             f(client, &slot.as_ref().unwrap().1)
         })
-    })
-}
-
-/// Runs `f` as the owner of the extension's tables (the tickets table
-/// included), for table access on behalf of a caller without rights on them.
-pub fn as_table_owner<R>(f: impl FnOnce() -> R) -> R {
-    let _as_owner = AsUser::switch_to(tables::current().owner);
-    f()
-}
-
-/// Switches the current user for the statements, and back on drop (an
-/// ERROR's transaction abort also restores it).
-struct AsUser {
-    saved_user: pg_sys::Oid,
-    saved_context: i32,
-}
-
-impl AsUser {
-    fn switch_to(user: pg_sys::Oid) -> Self {
-        let mut saved_user = pg_sys::Oid::INVALID;
-        let mut saved_context = 0;
-        unsafe {
-            pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_context);
-            pg_sys::SetUserIdAndSecContext(
-                user,
-                saved_context
-                    | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32
-                    | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,
-            );
-        }
-        AsUser { saved_user, saved_context }
-    }
-}
-
-impl Drop for AsUser {
-    fn drop(&mut self) {
-        unsafe { pg_sys::SetUserIdAndSecContext(self.saved_user, self.saved_context) };
-    }
+    }))
 }
 
 /// The key columns' values, then `values` (int8).

@@ -184,7 +184,7 @@ fn lock_lease(client: &mut SpiClient<'_>, machine_id: u16, skip_locked: bool) ->
 /// PostgreSQL's error, raised as it raised it.
 fn with_registry<R>(f: impl FnOnce(&mut SpiClient<'_>) -> Result<Result<R, TicketError>, SpiError>) -> Result<R, TicketError> {
     xact::check_writable()?;
-    crate::counters::as_table_owner(|| {
+    crate::state_tables::as_owner_of(crate::state_tables::machine_id_leases(), || {
         Spi::connect_mut(|client| f(client)).unwrap_or_else(|e| pgrx::error!("pg_ticket: the lease registry: {e}"))
     })
 }

@@ -15,6 +15,7 @@
 
 use crate::errors::{OrRaise, TicketError};
 use crate::settings::{self, MachineId};
+use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -84,12 +85,60 @@ pub fn unix_ms_of_timestamptz(at: TimestampWithTimeZone) -> i64 {
     micros_since_2000.div_euclid(1000) + PG_EPOCH_UNIX_MS
 }
 
+/// Marks this process as the mark's writer while a write is under way, so
+/// that an exit in the middle of it (FATAL, proc_exit: no Rust unwinding)
+/// still frees the generator's writer flag — otherwise every later call
+/// would wait for a writer that is gone, until a restart (SPEC §13.3).
+struct MarkWriter;
+
+thread_local! {
+    static WRITING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static EXIT_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl MarkWriter {
+    fn enter() -> MarkWriter {
+        if !EXIT_CALLBACK.replace(true) {
+            unsafe { pg_sys::before_shmem_exit(Some(free_writer_flag_on_exit), pg_sys::Datum::from(0)) };
+        }
+        WRITING.set(true);
+        MarkWriter
+    }
+}
+
+impl Drop for MarkWriter {
+    fn drop(&mut self) {
+        WRITING.set(false);
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn free_writer_flag_on_exit(_code: i32, _arg: pg_sys::Datum) {
+    if WRITING.get() {
+        GENERATOR.get().0.release_mark_writer_on_exit();
+    }
+}
+
 struct SystemClock;
 
 impl Clock for SystemClock {
     #[inline]
     fn now_unix_ms(&self) -> i64 {
         now_unix_ms()
+    }
+
+    fn sleep(&self, millis: u64) {
+        pgrx::check_for_interrupts!();
+        unsafe {
+            pg_sys::WaitLatch(
+                pg_sys::MyLatch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                millis.max(1) as std::ffi::c_long,
+                pg_sys::PG_WAIT_EXTENSION,
+            );
+            pg_sys::ResetLatch(pg_sys::MyLatch);
+        }
+        pgrx::check_for_interrupts!();
     }
 
     fn pause(&self, millis: u64) {

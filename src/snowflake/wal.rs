@@ -64,21 +64,51 @@ impl MarkStore for WalMarkStore {
     }
 
     fn save(&self, reserved_until_unix_ms: i64) -> Result<(), String> {
+        let _writing = super::MarkWriter::enter();
         // The mark is only written while issuing, never during recovery.
-        unsafe {
+        // A checkpoint may not start between the record and the file write
+        // (a base backup whose start checkpoint fell between them would copy
+        // the old file and never replay the record), as PostgreSQL guards
+        // its own record-then-file writes.
+        let _no_checkpoint = DelayCheckpointStart::new();
+        let lsn = unsafe {
             let bytes = reserved_until_unix_ms.to_le_bytes();
             pg_sys::XLogBeginInsert();
             pg_sys::XLogRegisterData(bytes.as_ptr() as _, bytes.len() as _);
             let lsn = pg_sys::XLogInsert(RMGR_ID, XLOG_MARK);
             pg_sys::XLogFlush(lsn);
-            // Returns at once without synchronous standbys configured.
-            pg_sys::SyncRepWaitForLSN(lsn, false);
+            lsn
+        };
+        if !crate::xact::wait_for_synchronous_standbys(lsn) {
+            return Err("the synchronous standbys did not confirm the new snowflake mark (the wait was cancelled or \
+                        the session is ending): no ID is stamped under it"
+                .into());
         }
         file().save(reserved_until_unix_ms)
     }
 
     fn location(&self) -> String {
         file().location()
+    }
+}
+
+/// `DELAY_CHKPT_START` for this backend while alive (RecordTransactionCommit
+/// does the same around its commit record and clog update).
+struct DelayCheckpointStart;
+
+/// PostgreSQL's `DELAY_CHKPT_START` (proc.h, 15 and later).
+const DELAY_CHKPT_START: i32 = 1 << 0;
+
+impl DelayCheckpointStart {
+    fn new() -> Self {
+        unsafe { (*pg_sys::MyProc).delayChkptFlags |= DELAY_CHKPT_START };
+        DelayCheckpointStart
+    }
+}
+
+impl Drop for DelayCheckpointStart {
+    fn drop(&mut self) {
+        unsafe { (*pg_sys::MyProc).delayChkptFlags &= !DELAY_CHKPT_START };
     }
 }
 

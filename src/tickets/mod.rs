@@ -28,13 +28,49 @@ use std::time::Instant;
 use crate::api::{required, scope_args};
 use crate::errors::{postgres_errors_as_raised, OrRaise, TicketError};
 use crate::names::Name;
-use crate::{settings, xact};
-use shmem::{Directory, Failure};
+use crate::{settings, state_tables, xact};
+use shmem::{Directory, Failure, ScopeId};
 use ticket_core::tickets::Take;
 
 
 pub fn init_shared_memory(nslots: usize) {
     shmem::init(nslots);
+    unsafe {
+        PREV_OBJECT_ACCESS = pg_sys::object_access_hook;
+        pg_sys::object_access_hook = Some(on_object_access);
+    }
+}
+
+static mut PREV_OBJECT_ACCESS: pg_sys::object_access_hook_type = None;
+
+/// A dropped database takes its cached scopes with it (SPEC §13.1): a
+/// database created later with the same OID from a template holding the
+/// same tickets table (same relation id) must not meet them. Purged when
+/// the drop is carried out; a drop that fails after this leaves a gap only.
+#[pg_guard]
+unsafe extern "C-unwind" fn on_object_access(
+    access: pg_sys::ObjectAccessType::Type,
+    class_id: pg_sys::Oid,
+    object_id: pg_sys::Oid,
+    sub_id: std::ffi::c_int,
+    arg: *mut std::ffi::c_void,
+) {
+    unsafe {
+        if let Some(prev) = PREV_OBJECT_ACCESS {
+            prev(access, class_id, object_id, sub_id, arg);
+        }
+    }
+    if access == pg_sys::ObjectAccessType::OAT_DROP && class_id == pg_sys::DatabaseRelationId {
+        let db = object_id.to_u32();
+        let _dir = Directory::lock(true);
+        for slot in shmem::slots() {
+            let mut g = slot.lock();
+            if g.in_use && g.db == db {
+                g.reset();
+                slot.generation.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+    }
 }
 
 /// Scope key as the slots store it: queue, NUL, domain (database bytes).
@@ -50,12 +86,20 @@ fn split(key: &[u8]) -> (Name<'_>, Name<'_>) {
     (Name(&key[..nul]), Name(&key[nul + 1..]))
 }
 
-fn hash_of(db: u32, key: &[u8]) -> u64 {
+fn hash_of(db: u32, table: u32, key: &[u8]) -> u64 {
     // DefaultHasher::new() has fixed keys: the same in every process.
     let mut h = std::collections::hash_map::DefaultHasher::new();
     db.hash(&mut h);
+    table.hash(&mut h);
     key.hash(&mut h);
     h.finish()
+}
+
+/// The scope `key` of this database's current tickets table.
+fn scope_id(key: &[u8]) -> ScopeId<'_> {
+    let db = my_database();
+    let table = state_tables::tickets().oid.to_u32();
+    ScopeId { db, table, hash: hash_of(db, table, key), key }
 }
 
 /// Bound on the backend-local map of (slot, generation): a backend that
@@ -65,6 +109,7 @@ const LOCAL_MAX: usize = 10_000;
 /// A scope this backend found: its slot and the slot's generation then.
 struct Known {
     db: u32,
+    table: u32,
     key: Box<[u8]>,
     slot: usize,
     generation: u64,
@@ -75,29 +120,38 @@ thread_local! {
     /// By the scope's hash; a collision just makes the other scope look
     /// itself up again. No allocation on a hit.
     static KNOWN: RefCell<HashMap<u64, Known>> = RefCell::new(HashMap::new());
+    /// Scopes moved by `advance_ticket` in this backend, with the
+    /// (sub)transactions that hold their row locked until they end.
+    static ADVANCED: RefCell<HashMap<u64, Vec<pg_sys::TransactionId>>> = RefCell::new(HashMap::new());
 }
 
 fn my_database() -> u32 {
     unsafe { pg_sys::MyDatabaseId }.to_u32()
 }
 
-/// The slot of (db, key) and its generation: the backend's memory of it, or
+/// The slot of a scope and its generation: the backend's memory of it, or
 /// the directory's, or a slot given to it now (the least recently used one
 /// if none is free: its cached rest becomes a gap).
-fn locate(db: u32, hash: u64, key: &[u8]) -> (usize, u64) {
+fn locate(scope: &ScopeId<'_>) -> (usize, u64) {
     let known = KNOWN.with(|k| {
-        k.borrow().get(&hash).filter(|known| known.db == db && &*known.key == key).map(|known| (known.slot, known.generation))
+        k.borrow()
+            .get(&scope.hash)
+            .filter(|known| known.db == scope.db && known.table == scope.table && &*known.key == scope.key)
+            .map(|known| (known.slot, known.generation))
     });
     if let Some(found) = known {
         return found;
     }
-    let found = find(db, hash, key, false).unwrap_or_else(|| find(db, hash, key, true).expect("an exclusive find always places the scope"));
+    let found = find(scope, false).unwrap_or_else(|| find(scope, true).expect("an exclusive find always places the scope"));
     KNOWN.with(|k| {
         let mut k = k.borrow_mut();
         if k.len() >= LOCAL_MAX {
             k.clear();
         }
-        k.insert(hash, Known { db, key: Box::from(key), slot: found.0, generation: found.1 });
+        k.insert(
+            scope.hash,
+            Known { db: scope.db, table: scope.table, key: Box::from(scope.key), slot: found.0, generation: found.1 },
+        );
     });
     found
 }
@@ -106,16 +160,17 @@ fn forget(hash: u64) {
     KNOWN.with(|k| k.borrow_mut().remove(&hash));
 }
 
-/// Scan the directory for (db, key); with `place`, under the exclusive lock,
-/// give it a slot if it has none.
-fn find(db: u32, hash: u64, key: &[u8], place: bool) -> Option<(usize, u64)> {
+/// Scan the directory for the scope; with `place`, under the exclusive
+/// lock, give it a slot if it has none.
+fn find(scope: &ScopeId<'_>, place: bool) -> Option<(usize, u64)> {
+    let first_step = settings::ticket_step_bounds().0;
     let _dir = Directory::lock(place);
     let slots = shmem::slots();
     let mut free = None;
     let mut oldest: Option<(usize, u64)> = None;
     for (i, slot) in slots.iter().enumerate() {
         let g = slot.lock();
-        if g.matches(db, hash, key) {
+        if g.matches(scope) {
             return Some((i, slot.generation.load(Ordering::Acquire)));
         }
         if !g.in_use {
@@ -132,11 +187,12 @@ fn find(db: u32, hash: u64, key: &[u8], place: bool) -> Option<(usize, u64)> {
     let mut g = slot.lock();
     g.reset();
     g.in_use = true;
-    g.db = db;
-    g.hash = hash;
-    g.key_len = key.len() as u16;
-    g.key[..key.len()].copy_from_slice(key);
-    g.step = settings::ticket_step_bounds().0;
+    g.db = scope.db;
+    g.table = scope.table;
+    g.hash = scope.hash;
+    g.key_len = scope.key.len() as u16;
+    g.key[..scope.key.len()].copy_from_slice(scope.key);
+    g.step = first_step;
     g.last_used = shmem::tick();
     let generation = slot.generation.fetch_add(1, Ordering::AcqRel) + 1;
     Some((i, generation))
@@ -161,6 +217,12 @@ fn raise(failure: Failure, queue: Name<'_>, domain: Name<'_>) -> ! {
             domain.display()
         ))
         .raise(),
+        Failure::NotReplicated => TicketError::TicketsUnavailable(format!(
+            "the synchronous standbys did not confirm the reservation of tickets for ({:?}, {:?}) (the wait was cancelled): none of it is handed out",
+            queue.display(),
+            domain.display()
+        ))
+        .raise(),
     }
 }
 
@@ -179,49 +241,93 @@ pub fn next(queue: Name<'_>, domain: Name<'_>) -> i64 {
 
 fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
     let series = settings::ticket_series();
-    let db = my_database();
-    let hash = hash_of(db, key);
+    let scope = scope_id(key);
     let mut deadline = None;
     loop {
-        let (i, generation) = locate(db, hash, key);
+        let (i, generation) = locate(&scope);
         let slot = &shmem::slots()[i];
         let mut g = slot.lock();
-        if slot.generation.load(Ordering::Acquire) != generation || !g.matches(db, hash, key) {
+        if slot.generation.load(Ordering::Acquire) != generation || !g.matches(&scope) {
             drop(g);
-            forget(hash);
+            forget(scope.hash);
             continue;
         }
-        if let Some(failure) = g.failure {
-            // A series or overflow refusal stands until the slot is emptied
-            // (advance_ticket, eviction, restart); a failed reservation is
-            // reported once and tried again by the next call.
-            if failure == Failure::Unavailable {
-                g.failure = None;
-            }
-            drop(g);
-            raise(failure, queue, domain);
-        }
+        // What is cached is handed out first (SPEC §13.5): a failure to
+        // fetch more is reported only when nothing is left.
         match g.cache.take(series) {
             Take::Value { value, fetch_ahead } => {
                 g.last_used = shmem::tick();
-                let ask = fetch_ahead && !g.requested;
+                let ask = fetch_ahead && !g.requested && g.failure.is_none();
                 g.requested |= ask;
                 drop(g);
-                if ask {
-                    worker::wake(db).or_raise();
+                if ask && worker::wake(scope.db).is_err() {
+                    // The value is taken: no error now. The next call asks
+                    // again, and reports it if nothing is left by then.
+                    slot.lock().requested = false;
                 }
                 return value;
             }
             Take::Empty => {
+                if let Some(failure) = g.failure {
+                    // A series or overflow refusal stands until the slot is
+                    // emptied (advance_ticket, eviction, restart); a failed
+                    // reservation is reported once and tried again by the
+                    // next call.
+                    if matches!(failure, Failure::Unavailable | Failure::NotReplicated) {
+                        g.failure = None;
+                    }
+                    drop(g);
+                    raise(failure, queue, domain);
+                }
+                drop(g);
+                refuse_if_advanced_here(scope.hash, queue, domain);
+                let mut g = slot.lock();
                 g.requested = true;
                 g.waits += 1;
                 drop(g);
                 crate::status::count_ticket_wait();
-                worker::wake(db).or_raise();
+                worker::wake(scope.db).or_raise();
                 let deadline = *deadline.get_or_insert_with(|| Instant::now() + settings::ticket_wait_timeout());
-                wait_for_segment(slot, generation, db, deadline, queue, domain);
+                wait_for_segment(slot, generation, scope.db, deadline, queue, domain);
             }
         }
+    }
+}
+
+/// Is `xid` this transaction or one of its live subtransactions?
+fn is_current(xid: pg_sys::TransactionId) -> bool {
+    unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xid) }
+}
+
+/// Remember that this (sub)transaction holds the scope's row locked.
+fn remember_advanced(hash: u64) {
+    let xid = unsafe { pg_sys::GetCurrentTransactionId() };
+    ADVANCED.with(|a| {
+        let mut a = a.borrow_mut();
+        if a.len() >= LOCAL_MAX {
+            // Only entries of transactions still running matter.
+            a.retain(|_, xids| {
+                xids.retain(|x| is_current(*x));
+                !xids.is_empty()
+            });
+        }
+        let xids = a.entry(hash).or_default();
+        xids.retain(|x| is_current(*x));
+        xids.push(xid);
+    });
+}
+
+/// The worker cannot reserve a scope whose row this transaction holds
+/// locked since `advance_ticket`: waiting for it would wait on ourselves.
+fn refuse_if_advanced_here(hash: u64, queue: Name<'_>, domain: Name<'_>) {
+    let here = ADVANCED.with(|a| a.borrow().get(&hash).is_some_and(|xids| xids.iter().any(|xid| is_current(*xid))));
+    if here {
+        TicketError::TicketsUnavailable(format!(
+            "advance_ticket({:?}, {:?}) in this transaction holds the scope until it commits; take tickets of it after the commit",
+            queue.display(),
+            domain.display()
+        ))
+        .raise();
     }
 }
 
@@ -233,17 +339,25 @@ fn wait_for_segment(slot: &shmem::Slot, generation: u64, db: u32, deadline: Inst
     let cv = shmem::cv();
     unsafe { pg_sys::ConditionVariablePrepareToSleep(cv) };
     loop {
-        {
-            let g = slot.lock();
+        let busy = {
+            let mut g = slot.lock();
             if slot.generation.load(Ordering::Acquire) != generation || g.failure.is_some() || g.cache.cached(series) > 0 {
                 break;
             }
-        }
+            // A scope whose row was locked is asked for again while we wait.
+            g.requested = true;
+            g.busy
+        };
         let now = Instant::now();
         if now >= deadline {
             unsafe { pg_sys::ConditionVariableCancelSleep() };
+            let why = if busy {
+                "its row in pgticket.tickets is locked by another transaction (an uncommitted advance_ticket?)"
+            } else {
+                "the ticket worker of this database is not keeping up or not running"
+            };
             TicketError::TicketsUnavailable(format!(
-                "no tickets for ({:?}, {:?}) arrived within pg_ticket.ticket_wait_timeout ({} ms): the ticket worker of this database is not keeping up or not running",
+                "no tickets for ({:?}, {:?}) arrived within pg_ticket.ticket_wait_timeout ({} ms): {why}",
                 queue.display(),
                 domain.display(),
                 settings::ticket_wait_timeout().as_millis()
@@ -279,17 +393,22 @@ fn advance_ticket(queue: Option<Name<'_>>, domain: Option<Name<'_>>, mark: Optio
             TicketError::NotPreloaded("advance_ticket").raise();
         }
         xact::check_writable().or_raise();
-        worker::advance_in_table(queue, domain, mark).or_raise();
-        // Dropped now, before the commit: a segment reserved meanwhile waits
-        // for this row lock and lands above the new mark.
-        let db = my_database();
         let mut key = Vec::new();
         encode(&mut key, queue, domain);
-        let hash = hash_of(db, &key);
+        let scope = scope_id(&key);
+        // Never below what the cache reserved, even if the row says less.
+        let reserved = shmem::slots().iter().fold(0, |most, slot| {
+            let g = slot.lock();
+            if g.matches(&scope) { most.max(g.reserved_to) } else { most }
+        });
+        worker::advance_in_table(queue, domain, mark, reserved).or_raise();
+        remember_advanced(scope.hash);
+        // Dropped now, before the commit: a segment reserved meanwhile waits
+        // for this row lock and lands above the new mark.
         let _dir = Directory::lock(true);
         for slot in shmem::slots() {
             let mut g = slot.lock();
-            if g.matches(db, hash, &key) {
+            if g.matches(&scope) {
                 g.reset();
                 slot.generation.fetch_add(1, Ordering::AcqRel);
             }
@@ -317,14 +436,19 @@ fn ticket_cache() -> TableIterator<
             TicketError::NotPreloaded("ticket_cache").raise();
         }
         let db = my_database();
+        let table = state_tables::tickets().oid.to_u32();
         let mut rows = Vec::new();
-        let _dir = Directory::lock(false);
+        // Slot by slot, each copied out under its spinlock; no directory
+        // lock, so reading the view never holds up a backend placing a scope.
         for slot in shmem::slots() {
-            let g = slot.lock();
-            if g.in_use && g.db == db {
-                let (queue, domain) = split(g.key());
-                let (next, end) = g.cache.next_and_end().unzip();
-                rows.push((queue.display(), domain.display(), next, end, g.step, g.refills as i64, g.waits as i64));
+            let copy = {
+                let g = slot.lock();
+                *g
+            };
+            if copy.in_use && copy.db == db && copy.table == table {
+                let (queue, domain) = split(copy.key());
+                let (next, end) = copy.cache.next_and_end().unzip();
+                rows.push((queue.display(), domain.display(), next, end, copy.step, copy.refills as i64, copy.waits as i64));
             }
         }
         TableIterator::new(rows)

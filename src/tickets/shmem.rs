@@ -1,11 +1,16 @@
 //! The ticket cache in shared memory: a table of `pg_ticket.ticket_cache_scopes`
-//! slots, one per cached (database, scope), and the registry of the
-//! per-database workers.
+//! slots, one per cached (database, tickets table, scope), and the registry
+//! of the per-database workers.
+//!
+//! A slot is keyed by the tickets table's relation id too (SPEC §13.1): a
+//! dropped and re-created extension has a new table, so its scopes never
+//! meet the segments cached from the old one.
 //!
 //! Locking rule:
 //! - A slot's data (its key, cached segments, flags, counters) is read and
 //!   written only under the slot's spinlock, held for a few dozen
-//!   instructions (no system call, no allocation, nothing that can ERROR).
+//!   instructions (no system call, no allocation, no clock read, nothing
+//!   that can ERROR): what is needed outside is copied out by value.
 //! - `generation` is bumped (under the spinlock) whenever a slot is given
 //!   to another scope or emptied; a backend remembers (slot, generation)
 //!   and re-checks it under the spinlock, so a reused slot never hands a
@@ -41,12 +46,20 @@ const SHMEM_NAME: &CStr = c"pg_ticket ticket cache";
 pub enum Failure {
     OtherSeries { offset: i64, increment: i64 },
     Overflow { mark: i64 },
+    /// The reservation failed (the worker logged why).
     Unavailable,
+    /// The reservation committed locally but the synchronous standbys did
+    /// not confirm it (the wait was cancelled or terminated): nothing of it
+    /// is handed out.
+    NotReplicated,
 }
 
+#[derive(Clone, Copy)]
 pub struct SlotData {
     pub in_use: bool,
     pub db: u32,
+    /// The tickets table's relation id.
+    pub table: u32,
     pub hash: u64,
     pub key_len: u16,
     pub key: [u8; KEY_MAX],
@@ -55,6 +68,13 @@ pub struct SlotData {
     pub step: i64,
     /// A segment was asked for and not yet installed.
     pub requested: bool,
+    /// The scope's row was locked by another transaction at the worker's
+    /// last try (it tries again while asked).
+    pub busy: bool,
+    /// The last value of every segment installed here so far: the next one
+    /// starts above it even if the row says less (rows deleted or the table
+    /// emptied behind the worker's back).
+    pub reserved_to: i64,
     pub failure: Option<Failure>,
     pub last_used: u64,
     /// Unix ms when the last segment was installed (for the step).
@@ -114,12 +134,15 @@ impl SlotData {
         SlotData {
             in_use: false,
             db: 0,
+            table: 0,
             hash: 0,
             key_len: 0,
             key: [0; KEY_MAX],
             cache: Cache::default(),
             step: 0,
             requested: false,
+            busy: false,
+            reserved_to: 0,
             failure: None,
             last_used: 0,
             installed_at_ms: 0,
@@ -138,9 +161,18 @@ impl SlotData {
         &self.key[..self.key_len as usize]
     }
 
-    pub fn matches(&self, db: u32, hash: u64, key: &[u8]) -> bool {
-        self.in_use && self.db == db && self.hash == hash && self.key() == key
+    pub fn matches(&self, scope: &ScopeId<'_>) -> bool {
+        self.in_use && self.db == scope.db && self.table == scope.table && self.hash == scope.hash && self.key() == scope.key
     }
+}
+
+/// A scope as the cache knows it: database, tickets table, key (queue,
+/// NUL, domain) and the hash of all three.
+pub struct ScopeId<'a> {
+    pub db: u32,
+    pub table: u32,
+    pub hash: u64,
+    pub key: &'a [u8],
 }
 
 #[repr(C)]
@@ -150,8 +182,8 @@ pub struct WorkerSlot {
     /// 0 while starting.
     pub pid: AtomicI32,
     pub latch: AtomicPtr<pg_sys::Latch>,
-    /// Unix ms when a backend asked for this worker (to tell a slow start
-    /// from a dead one).
+    /// When a backend asked for this worker, on the monotonic clock (ms), to
+    /// tell a slow start from a dead one whatever the wall clock does.
     pub started_at_ms: AtomicU64,
 }
 
@@ -254,6 +286,13 @@ impl Directory {
     }
 }
 
+impl Directory {
+    /// Exclusive, unless this process holds it already (an exit callback).
+    pub fn lock_unless_held() -> Option<Directory> {
+        (!unsafe { pg_sys::LWLockHeldByMe(LOCK) }).then(|| Directory::lock(true))
+    }
+}
+
 impl Drop for Directory {
     fn drop(&mut self) {
         unsafe {
@@ -262,6 +301,14 @@ impl Drop for Directory {
             }
         }
     }
+}
+
+/// Milliseconds on CLOCK_MONOTONIC, the same clock in every process of the
+/// machine, and never stepped.
+pub fn monotonic_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
 /// A tick of the LRU clock.

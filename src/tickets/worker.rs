@@ -11,10 +11,19 @@
 //! A worker reserves segments in `pgticket.tickets` in its own transactions,
 //! with `synchronous_commit = on` whatever the server's default: the commit
 //! is flushed (and, with synchronous replication, on the standby) before
-//! any value of the segment is handed out. Then it installs the segment in
+//! any value of the segment is handed out. A commit whose standby wait was
+//! cancelled or terminated (PostgreSQL then commits locally with a
+//! WARNING) installs nothing (SPEC §13.2). Then it installs the segment in
 //! the slot — only if the slot still has the generation it read — and wakes
 //! the waiters. It touches the slots only under their spinlocks and the
 //! worker registry only under the directory lock (see `shmem`).
+//!
+//! Its statements run as the owner of `pgticket.tickets`, restricted (SPEC
+//! §13.4), never as the bootstrap superuser it connects as. One scope never
+//! holds up another (§13.5): rows are locked with SKIP LOCKED (a locked
+//! scope is tried again at the next pass while a backend waits for it), and
+//! `lock_timeout` bounds the one wait left, an uncommitted insert of the
+//! same scope.
 
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
 use pgrx::datum::DatumWithOid;
@@ -24,11 +33,12 @@ use pgrx::prelude::*;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::shmem::{self, Directory, Failure};
+use super::shmem::{self, monotonic_ms, Directory, Failure, KEY_MAX};
 use super::split;
 use crate::errors::TicketError;
 use crate::names::Name;
-use crate::settings;
+use crate::state_tables::{self, as_owner_of};
+use crate::{settings, xact};
 use ticket_core::tickets::{next_step, Segment, Series, TicketsError};
 
 /// A worker asked for but not running after this long is taken for dead.
@@ -40,9 +50,9 @@ const IDLE_EXIT: Duration = Duration::from_secs(10);
 const FAST_MS: u64 = 1_000;
 const SLOW_MS: u64 = 30_000;
 
-fn now_ms() -> u64 {
-    crate::snowflake::now_unix_ms().max(0) as u64
-}
+/// The longest a worker's statement waits for a lock: an insert of a
+/// scope that another transaction inserted and has not committed.
+const LOCK_TIMEOUT: &std::ffi::CStr = c"200ms";
 
 /// Make sure the worker of `db` runs, and wake it.
 pub fn wake(db: u32) -> Result<(), TicketError> {
@@ -55,7 +65,7 @@ pub fn wake(db: u32) -> Result<(), TicketError> {
             unsafe { pg_sys::SetLatch(latch) };
             return Ok(());
         }
-        if now_ms().saturating_sub(w.started_at_ms.load(Ordering::Acquire)) < START_GRACE_MS {
+        if monotonic_ms().saturating_sub(w.started_at_ms.load(Ordering::Acquire)) < START_GRACE_MS {
             return Ok(()); // starting; it serves what is requested when it is up
         }
     }
@@ -71,7 +81,7 @@ fn start(db: u32) -> Result<(), TicketError> {
         let registered = w.db.load(Ordering::Acquire);
         if registered == db {
             let alive = w.pid.load(Ordering::Acquire) != 0;
-            if alive || now_ms().saturating_sub(w.started_at_ms.load(Ordering::Acquire)) < START_GRACE_MS {
+            if alive || monotonic_ms().saturating_sub(w.started_at_ms.load(Ordering::Acquire)) < START_GRACE_MS {
                 return Ok(());
             }
             w.db.store(0, Ordering::Release);
@@ -88,7 +98,7 @@ fn start(db: u32) -> Result<(), TicketError> {
     };
     w.pid.store(0, Ordering::Release);
     w.latch.store(std::ptr::null_mut(), Ordering::Release);
-    w.started_at_ms.store(now_ms(), Ordering::Release);
+    w.started_at_ms.store(monotonic_ms(), Ordering::Release);
     w.db.store(db, Ordering::Release);
     let launched = BackgroundWorkerBuilder::new(&format!("pg_ticket tickets for database {db}"))
         .set_type("pg_ticket tickets")
@@ -98,20 +108,23 @@ fn start(db: u32) -> Result<(), TicketError> {
         .enable_spi_access()
         .set_restart_time(None)
         .load_dynamic();
-    if let Err(e) = launched {
+    if launched.is_err() {
         w.db.store(0, Ordering::Release);
-        return Err(TicketError::TicketsUnavailable(format!(
-            "cannot start the ticket worker of this database ({e:?}); raise max_worker_processes"
-        )));
+        return Err(TicketError::TicketsUnavailable(
+            "cannot start the ticket worker of this database: no background worker slot is free; raise max_worker_processes".into(),
+        ));
     }
     Ok(())
 }
 
-/// Frees this worker's registry entry when it exits, however it exits.
+/// Frees this worker's registry entry when it exits, however it exits
+/// (under the directory lock, as every registry change; an exit while
+/// holding it already keeps it).
 #[pg_guard]
 unsafe extern "C-unwind" fn release(_code: i32, db: pg_sys::Datum) {
     let db = db.value() as u32;
     let me = unsafe { pg_sys::MyProcPid };
+    let _dir = Directory::lock_unless_held();
     for w in &shmem::header().workers {
         if w.db.load(Ordering::Acquire) == db && w.pid.load(Ordering::Acquire) == me {
             w.latch.store(std::ptr::null_mut(), Ordering::Release);
@@ -156,13 +169,10 @@ pub extern "C-unwind" fn ticket_worker_main(arg: pg_sys::Datum) {
     }
     unsafe { pg_sys::on_shmem_exit(Some(release), pg_sys::Datum::from(db)) };
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(db)), None);
-    unsafe {
-        pg_sys::SetConfigOption(
-            c"synchronous_commit".as_ptr(),
-            c"on".as_ptr(),
-            pg_sys::GucContext::PGC_SUSET,
-            pg_sys::GucSource::PGC_S_OVERRIDE,
-        );
+    for (name, value) in [(c"synchronous_commit", c"on"), (c"lock_timeout", LOCK_TIMEOUT)] {
+        unsafe {
+            pg_sys::SetConfigOption(name.as_ptr(), value.as_ptr(), pg_sys::GucContext::PGC_SUSET, pg_sys::GucSource::PGC_S_OVERRIDE);
+        }
     }
     let mut last_work = std::time::Instant::now();
     loop {
@@ -185,83 +195,163 @@ pub extern "C-unwind" fn ticket_worker_main(arg: pg_sys::Datum) {
     }
 }
 
+/// A slot's request, copied out under its spinlock.
+struct Wanted {
+    slot: usize,
+    generation: u64,
+    table: u32,
+    key_len: usize,
+    key: [u8; KEY_MAX],
+    step: i64,
+    reserved_to: i64,
+    /// Found locked at an earlier pass.
+    busy: bool,
+}
+
+/// What one scope's reservation came to.
+#[derive(Clone, Copy)]
+enum Reserved {
+    Segment(Segment),
+    Refused(Failure),
+    /// Its row is locked by another transaction: tried again next pass.
+    Busy,
+}
+
 /// One pass: reserve a segment for every slot of this database that asked;
 /// false if none asked.
 fn serve(db: u32) -> bool {
     let series = settings::ticket_series();
     let (min, max) = settings::ticket_step_bounds();
-    let wanted: Vec<(usize, u64, Vec<u8>, i64)> = shmem::slots()
-        .iter()
-        .enumerate()
-        .filter_map(|(i, slot)| {
+    let mut wanted = Vec::new();
+    for (i, slot) in shmem::slots().iter().enumerate() {
+        let mut request =
+            Wanted { slot: i, generation: 0, table: 0, key_len: 0, key: [0; KEY_MAX], step: 0, reserved_to: 0, busy: false };
+        {
             let g = slot.lock();
-            (g.in_use && g.db == db && g.requested && g.failure.is_none())
-                .then(|| (i, slot.generation.load(Ordering::Acquire), g.key().to_vec(), g.step))
-        })
-        .collect();
+            if !(g.in_use && g.db == db && g.requested && g.failure.is_none()) {
+                continue;
+            }
+            request.generation = slot.generation.load(Ordering::Acquire);
+            request.table = g.table;
+            request.key_len = g.key_len as usize;
+            request.key = g.key;
+            request.step = g.step;
+            request.reserved_to = g.reserved_to;
+            request.busy = g.busy;
+        }
+        wanted.push(request);
+    }
     if wanted.is_empty() {
         return false;
     }
-    let requests: Vec<(Name<'_>, Name<'_>, i64)> = wanted
-        .iter()
-        .map(|(_, _, key, step)| {
-            let (queue, domain) = split(key);
-            (queue, domain, *step)
-        })
-        .collect();
-    let results = reserve_all(&requests, series);
-    for ((i, generation, _, _), reserved) in wanted.iter().zip(results) {
-        let (i, generation) = (*i, *generation);
-        let slot = &shmem::slots()[i];
+    // Scopes found locked before are tried alone, after the others are
+    // installed and their waiters woken: a locked scope delays only itself.
+    let (busy, together): (Vec<Wanted>, Vec<Wanted>) = wanted.into_iter().partition(|w| w.busy);
+    install(&together, reserve_together(&together, series), (min, max));
+    for request in &busy {
+        install(std::slice::from_ref(request), vec![reserve_alone(request, series)], (min, max));
+    }
+    true
+}
+
+/// Put each reservation in its slot (if the slot still holds the scope it
+/// was asked for) and wake the waiters.
+fn install(requests: &[Wanted], results: Vec<Reserved>, (min, max): (i64, i64)) {
+    let now = crate::snowflake::now_unix_ms();
+    for (request, reserved) in requests.iter().zip(results) {
+        let slot = &shmem::slots()[request.slot];
         let mut g = slot.lock();
-        if slot.generation.load(Ordering::Acquire) != generation {
+        if slot.generation.load(Ordering::Acquire) != request.generation {
             continue; // evicted or advanced meanwhile: the segment is a gap
         }
         match reserved {
-            Ok(segment) => {
+            Reserved::Segment(segment) => {
                 g.cache.add(segment);
-                let now = now_ms() as i64;
+                g.reserved_to = g.reserved_to.max(segment.last);
                 if g.installed_at_ms != 0 {
                     g.step = next_step(g.step, (now - g.installed_at_ms).max(0) as u64, min, max, FAST_MS, SLOW_MS);
                 }
                 g.installed_at_ms = now;
                 g.refills += 1;
+                g.busy = false;
+                g.requested = false;
             }
-            Err(failure) => g.failure = Some(failure),
+            Reserved::Refused(failure) => {
+                g.failure = Some(failure);
+                g.busy = false;
+                g.requested = false;
+            }
+            // Asked again by a backend still waiting for it (so a scope
+            // nobody waits for does not keep the worker busy).
+            Reserved::Busy => {
+                g.busy = true;
+                g.requested = false;
+            }
         }
-        g.requested = false;
     }
     unsafe { pg_sys::ConditionVariableBroadcast(shmem::cv()) };
-    true
 }
 
 fn key_args<'a>(queue: Name<'a>, domain: Name<'a>) -> Vec<DatumWithOid<'a>> {
     vec![queue.to_datum(), domain.to_datum()]
 }
 
+/// The scope's row as (mark, series it was created in).
+fn row_of(row: pgrx::spi::SpiTupleTable<'_>) -> Result<Option<(i64, Series)>, pgrx::spi::Error> {
+    if row.is_empty() {
+        return Ok(None);
+    }
+    let (mark, offset, increment) = row.first().get_three::<i64, i32, i32>()?;
+    Ok(Some((mark.unwrap_or(0), Series { offset: i64::from(offset.unwrap_or(1)), increment: i64::from(increment.unwrap_or(1)) })))
+}
+
 /// Lock the scope's row (creating it in this server's series) and read
-/// (mark, offset, increment).
-fn lock_row(client: &mut pgrx::spi::SpiClient<'_>, queue: Name<'_>, domain: Name<'_>, series: Series) -> Result<(i64, Series), pgrx::spi::Error> {
+/// (mark, offset, increment); None if another transaction holds it locked.
+fn lock_row(
+    client: &mut pgrx::spi::SpiClient<'_>,
+    queue: Name<'_>,
+    domain: Name<'_>,
+    series: Series,
+    skip_locked: bool,
+) -> Result<Option<(i64, Series)>, pgrx::spi::Error> {
+    const COLUMNS: &str = "mark, ticket_offset, ticket_increment";
+    let skip = if skip_locked { " SKIP LOCKED" } else { "" };
+    let select = format!(
+        "SELECT {COLUMNS} FROM pgticket.tickets \
+         WHERE queue OPERATOR(pg_catalog.=) $1 AND domain OPERATOR(pg_catalog.=) $2 FOR UPDATE{skip}"
+    );
+    if let Some(found) = row_of(client.update(&select, Some(1), &key_args(queue, domain))?)? {
+        return Ok(Some(found));
+    }
+    // Not there, or locked by another transaction. A committed row that is
+    // locked must not meet an INSERT ... ON CONFLICT, which waits for a
+    // transaction that updated it: only a scope nobody committed is
+    // inserted (waiting, bounded by lock_timeout, only for another
+    // transaction's uncommitted insert of it).
+    if skip_locked {
+        let exists = format!(
+            "SELECT 1 FROM pgticket.tickets WHERE queue OPERATOR(pg_catalog.=) $1 AND domain OPERATOR(pg_catalog.=) $2"
+        );
+        if !client.update(&exists, Some(1), &key_args(queue, domain))?.is_empty() {
+            return Ok(None);
+        }
+    }
     let mut args = key_args(queue, domain);
     args.push((series.offset as i32).into());
     args.push((series.increment as i32).into());
-    client.update(
-        "INSERT INTO pgticket.tickets (queue, domain, mark, ticket_offset, ticket_increment) VALUES ($1, $2, 0, $3, $4) \
-         ON CONFLICT DO NOTHING",
+    let inserted = client.update(
+        &format!(
+            "INSERT INTO pgticket.tickets (queue, domain, mark, ticket_offset, ticket_increment) VALUES ($1, $2, 0, $3, $4) \
+             ON CONFLICT DO NOTHING RETURNING {COLUMNS}"
+        ),
         None,
         &args,
     )?;
-    let row = client
-        .update(
-            "SELECT mark, ticket_offset, ticket_increment FROM pgticket.tickets \
-             WHERE queue OPERATOR(pg_catalog.=) $1 AND domain OPERATOR(pg_catalog.=) $2 FOR UPDATE",
-            Some(1),
-            &key_args(queue, domain),
-        )?
-        .first()
-        .get_three::<i64, i32, i32>()?;
-    let (mark, offset, increment) = (row.0.unwrap_or(0), row.1.unwrap_or(1), row.2.unwrap_or(1));
-    Ok((mark, Series { offset: i64::from(offset), increment: i64::from(increment) }))
+    match row_of(inserted)? {
+        Some(found) => Ok(Some(found)),
+        None if skip_locked => Ok(None),
+        None => row_of(client.update(&select, Some(1), &key_args(queue, domain))?),
+    }
 }
 
 fn set_mark(client: &mut pgrx::spi::SpiClient<'_>, queue: Name<'_>, domain: Name<'_>, mark: i64) -> Result<(), pgrx::spi::Error> {
@@ -275,80 +365,130 @@ fn set_mark(client: &mut pgrx::spi::SpiClient<'_>, queue: Name<'_>, domain: Name
     Ok(())
 }
 
-/// The next segment of one scope, inside the caller's transaction.
-fn reserve_in(
-    client: &mut pgrx::spi::SpiClient<'_>,
-    queue: Name<'_>,
-    domain: Name<'_>,
-    size: i64,
-    series: Series,
-) -> Result<Result<Segment, Failure>, pgrx::spi::Error> {
-    let (mark, created) = lock_row(client, queue, domain, series)?;
+/// The next segment of one scope, inside the caller's transaction: above
+/// the row's mark and above everything the slot had before (a row deleted
+/// or emptied behind the worker's back never leads to a value again).
+fn reserve_in(client: &mut pgrx::spi::SpiClient<'_>, request: &Wanted, series: Series) -> Result<Reserved, pgrx::spi::Error> {
+    let (queue, domain) = split(&request.key[..request.key_len]);
+    let Some((mark, created)) = lock_row(client, queue, domain, series, true)? else {
+        return Ok(Reserved::Busy);
+    };
     if let Err(TicketsError::OtherSeries { .. }) = series.check_same(created) {
-        return Ok(Err(Failure::OtherSeries { offset: created.offset, increment: created.increment }));
+        return Ok(Reserved::Refused(Failure::OtherSeries { offset: created.offset, increment: created.increment }));
     }
-    match series.segment_after(mark, size) {
+    let above = mark.max(request.reserved_to);
+    match series.segment_after(above, request.step) {
         Ok(segment) => {
             set_mark(client, queue, domain, segment.last)?;
-            Ok(Ok(segment))
+            Ok(Reserved::Segment(segment))
         }
-        Err(_) => Ok(Err(Failure::Overflow { mark })),
+        Err(_) => Ok(Reserved::Refused(Failure::Overflow { mark: above })),
     }
 }
 
-/// Runs `f` in a transaction of its own, committed (and, with
-/// `synchronous_commit = on`, flushed) when it succeeds; rolled back with a
-/// warning in the log, and None, when it fails.
-fn in_transaction<T>(f: impl FnOnce(&mut pgrx::spi::SpiClient<'_>) -> Result<T, pgrx::spi::Error>) -> Option<T> {
+/// Why a worker transaction gave nothing.
+#[derive(Clone, Copy)]
+enum NotDone {
+    /// Rolled back (a warning in the log says why).
+    Failed,
+    /// Rolled back after `lock_timeout`: another transaction inserted the
+    /// scope and has not committed.
+    LockTimeout,
+    /// Committed here, but the synchronous standbys' confirmation was
+    /// cancelled: nothing of it may be handed out.
+    NotReplicated,
+}
+
+/// Runs `f` in a transaction of its own, as the owner of the tickets table,
+/// and commits it (with `synchronous_commit = on`: flushed, and confirmed by
+/// the synchronous standbys if any — see `xact::commit_confirmed_by_standbys`).
+fn in_transaction<T>(f: impl FnOnce(&mut pgrx::spi::SpiClient<'_>, u32) -> Result<T, pgrx::spi::Error>) -> Result<T, NotDone> {
     unsafe {
         pg_sys::StartTransactionCommand();
         pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
     }
     let outcome = PgTryBuilder::new(std::panic::AssertUnwindSafe(|| {
-        Spi::connect_mut(f).map_err(|e| warning!("pg_ticket: reserving tickets failed: {e}")).ok()
+        let tickets = state_tables::tickets();
+        as_owner_of(tickets, || Spi::connect_mut(|client| f(client, tickets.oid.to_u32()))).map_err(|e| {
+            warning!("pg_ticket: reserving tickets failed: {e}");
+            NotDone::Failed
+        })
     }))
     .catch_others(|e| {
         let (CaughtError::PostgresError(report) | CaughtError::ErrorReport(report) | CaughtError::RustPanic { ereport: report, .. }) = &e;
+        if report.sql_error_code() == PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE {
+            return Err(NotDone::LockTimeout);
+        }
         warning!("pg_ticket: reserving tickets failed: {}", report.message());
-        None
+        Err(NotDone::Failed)
     })
     .execute();
     unsafe {
-        if outcome.is_some() {
+        if outcome.is_ok() {
             pg_sys::PopActiveSnapshot();
             pg_sys::CommitTransactionCommand();
         } else {
             pg_sys::AbortCurrentTransaction();
         }
     }
-    outcome
+    let outcome = outcome?;
+    if !xact::commit_confirmed_by_standbys() {
+        return Err(NotDone::NotReplicated);
+    }
+    Ok(outcome)
+}
+
+/// The next segment of one scope, in a transaction of its own; a slot of a
+/// tickets table that is no more (the extension dropped and created again)
+/// is served nothing: its backends look up the new table's scope.
+fn reserve_one(client: &mut pgrx::spi::SpiClient<'_>, table: u32, request: &Wanted, series: Series) -> Result<Reserved, pgrx::spi::Error> {
+    if request.table != table {
+        return Ok(Reserved::Refused(Failure::Unavailable));
+    }
+    reserve_in(client, request, series)
+}
+
+fn reserve_alone(request: &Wanted, series: Series) -> Reserved {
+    match in_transaction(|client, table| reserve_one(client, table, request, series)) {
+        Ok(reserved) => reserved,
+        Err(NotDone::LockTimeout) => Reserved::Busy,
+        Err(NotDone::NotReplicated) => Reserved::Refused(Failure::NotReplicated),
+        Err(NotDone::Failed) => Reserved::Refused(Failure::Unavailable),
+    }
 }
 
 /// Reserve the next segment of every requested scope in one transaction —
 /// one commit flush for the lot, so a burst of first uses does not queue
 /// behind one flush each. If that transaction fails, each scope is tried
 /// in a transaction of its own, so one bad scope fails only itself.
-fn reserve_all(requests: &[(Name<'_>, Name<'_>, i64)], series: Series) -> Vec<Result<Segment, Failure>> {
-    let all = |client: &mut pgrx::spi::SpiClient<'_>| {
-        requests.iter().map(|&(queue, domain, size)| reserve_in(client, queue, domain, size, series)).collect()
-    };
-    if let Some(results) = in_transaction(all) {
-        return results;
+fn reserve_together(requests: &[Wanted], series: Series) -> Vec<Reserved> {
+    if requests.is_empty() {
+        return Vec::new();
     }
-    requests
-        .iter()
-        .map(|&(queue, domain, size)| {
-            in_transaction(|client| reserve_in(client, queue, domain, size, series)).unwrap_or(Err(Failure::Unavailable))
-        })
-        .collect()
+    let shared = in_transaction(|client, table| {
+        requests.iter().map(|request| reserve_one(client, table, request, series)).collect::<Result<Vec<_>, _>>()
+    });
+    match shared {
+        Ok(results) => results,
+        Err(NotDone::NotReplicated) => vec![Reserved::Refused(Failure::NotReplicated); requests.len()],
+        Err(_) => requests.iter().map(|request| reserve_alone(request, series)).collect(),
+    }
 }
 
 /// `advance_ticket` in the caller's transaction: the row locked and moved
-/// forward, never back.
-pub fn advance_in_table(queue: Name<'_>, domain: Name<'_>, to: i64) -> Result<(), TicketError> {
+/// forward, never back — never below `floor` either, what the cache has
+/// reserved of the scope (a row deleted behind our back says less).
+pub fn advance_in_table(queue: Name<'_>, domain: Name<'_>, to: i64, floor: i64) -> Result<(), TicketError> {
     let series = settings::ticket_series();
-    crate::counters::as_table_owner(|| Spi::connect_mut(|client| -> Result<Result<(), TicketError>, pgrx::spi::Error> {
-        let (mark, _) = lock_row(client, queue, domain, series)?;
+    as_owner_of(state_tables::tickets(), || Spi::connect_mut(|client| -> Result<Result<(), TicketError>, pgrx::spi::Error> {
+        let Some((mark, _)) = lock_row(client, queue, domain, series, false)? else {
+            return Ok(Err(TicketError::TicketsUnavailable(format!(
+                "the row of ({:?}, {:?}) in pgticket.tickets could not be created (a trigger on the table?)",
+                queue.display(),
+                domain.display()
+            ))));
+        };
+        let mark = mark.max(floor);
         if to < mark {
             return Ok(Err(ticket_core::counter::CounterError::MarkBackwards { what: "ticket scope", current: mark, requested: to }.into()));
         }

@@ -169,6 +169,12 @@ pub trait Clock {
     /// again after). The server's also checks for interrupts here, so every
     /// wait of the generator can be cancelled.
     fn pause(&self, millis: u64);
+    /// Sleep for real for `millis` (at least 1): a bounded wait for another
+    /// process, not a wait for the next millisecond to begin. The server's
+    /// clock sleeps on its latch and checks for interrupts.
+    fn sleep(&self, millis: u64) {
+        self.pause(millis)
+    }
 }
 
 /// Where the reserved mark survives a restart (a file in the data directory
@@ -255,6 +261,13 @@ impl SharedState {
         }
     }
 
+    /// Free the mark-writer flag held by a process that is exiting in the
+    /// middle of a write (it will never drop its guard): the caller knows
+    /// it was the writer.
+    pub fn release_mark_writer_on_exit(&self) {
+        self.busy.store(false, Ordering::Release);
+    }
+
     /// Zero the wait counters (the admin's reset).
     pub fn reset_counters(&self) {
         self.waits_full_millisecond.store(0, Ordering::Relaxed);
@@ -284,7 +297,7 @@ impl<'a> Busy<'a> {
                 clock.pause(0);
             } else if waited_ms < MARK_WAIT_LIMIT_MS {
                 waited_ms += 1;
-                clock.pause(1);
+                clock.sleep(1);
             } else {
                 return Err(SnowflakeError::MarkBusy { waited_ms });
             }

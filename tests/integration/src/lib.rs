@@ -206,6 +206,18 @@ pub fn shared_cluster(name: &str, port: u16, conf: &[&str]) -> &'static Cluster 
     })
 }
 
+/// Starts a server in `dir` with `line` in postgresql.conf, which must
+/// refuse to start; returns its log.
+pub fn refused_start(dir: &str, port: u16, line: &str) -> String {
+    let status = Command::new(repo_root().join("scripts/cluster.sh"))
+        .args(["start", dir, &port.to_string(), line])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!status.success(), "a server with {line:?} must not start");
+    std::fs::read_to_string(format!("{dir}/server.log")).unwrap()
+}
+
 /// The SQLSTATE of a failed statement, or "" if it did not fail with one.
 pub fn sqlstate(err: &postgres::Error) -> String {
     err.code().map(|c| c.code().to_string()).unwrap_or_default()

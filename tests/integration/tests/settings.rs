@@ -1,7 +1,6 @@
 //! The snowflake settings as a server administrator sets them.
 
-use pg_ticket_integration::{repo_root, Cluster};
-use std::process::Command;
+use pg_ticket_integration::{refused_start, Cluster};
 
 #[test]
 fn a_custom_epoch_and_machine_id_are_stamped_into_ids() {
@@ -22,18 +21,6 @@ fn a_custom_epoch_and_machine_id_are_stamped_into_ids() {
     assert!(now_ish, "decoding with the same epoch gives back the current time");
 }
 
-/// Starts a server with `line` in postgresql.conf, which must refuse to
-/// start; returns its log.
-fn refused_start(dir: &str, port: u16, line: &str) -> String {
-    let status = Command::new(repo_root().join("scripts/cluster.sh"))
-        .args(["start", dir, &port.to_string(), line])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(!status.success(), "a server with {line:?} must not start");
-    std::fs::read_to_string(format!("{dir}/server.log")).unwrap()
-}
-
 // Different directories and ports: the tests of a binary run in parallel.
 
 #[test]
@@ -51,4 +38,15 @@ fn an_invalid_machine_id_stops_the_server_instead_of_becoming_machine_0() {
     // -1 leases an id, and so needs a registry to lease it from.
     let log = refused_start("/tmp/pgt-bad-machine", 55450, "pg_ticket.machine_id = -1");
     assert!(log.contains("pg_ticket.machine_id: -1 (lease one) needs pg_ticket.registry"), "{log}");
+}
+
+/// Found by review: '010' is 8 to PostgreSQL (SHOW) but was 10 in the IDs.
+#[test]
+fn the_machine_id_stamped_is_the_one_show_reports() {
+    let c = Cluster::start("settings-octal", 55476, &["pg_ticket.machine_id = '010'"]);
+    let mut client = c.connect();
+    let shown: String = client.query_one("SHOW pg_ticket.machine_id", &[]).unwrap().get(0);
+    let stamped: i32 = client.query_one("SELECT machine_id FROM snowflake_decode(snowflake_id())", &[]).unwrap().get(0);
+    assert_eq!((shown.as_str(), stamped), ("8", 8));
+    c.stop();
 }

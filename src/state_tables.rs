@@ -1,0 +1,172 @@
+//! Which relations are the extension's state tables now, who owns each, and
+//! running statements as that owner.
+//!
+//! Found through the extension's own catalog entries (`pg_depend` members
+//! of `pg_ticket`), not by name as the caller, so a caller without USAGE on
+//! the extension's schema still allocates. Cached per backend, because the
+//! relation ids are part of every backend-local key and an owner is needed
+//! on every first allocation from a scope. A relcache invalidation of any of
+//! the tables — sent by `ALTER TABLE ... OWNER`, `REASSIGN OWNED`, `DROP
+//! EXTENSION`, `ALTER EXTENSION ... UPDATE`, in this session or any other —
+//! drops the cache, so a long-lived session (a pool's connection) sees such
+//! a change at its next call, with no catalog query per ID. The callback
+//! only clears a cell: it may not touch the catalogs.
+//!
+//! Each table is read and written as its own owner (an owner may be given
+//! one table and not another), restricted (`SECURITY_RESTRICTED_OPERATION`),
+//! so a trigger the owner put on its table runs with the owner's rights and
+//! nobody else's — in a background worker too.
+
+use pgrx::pg_sys;
+use pgrx::prelude::*;
+use std::cell::Cell;
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Table {
+    pub oid: pg_sys::Oid,
+    pub owner: pg_sys::Oid,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Tables {
+    pub scoped_counters: Table,
+    pub blocks: Table,
+    /// None on 0.1.0's objects (before `ALTER EXTENSION pg_ticket UPDATE`).
+    pub tickets: Option<Table>,
+    pub machine_id_leases: Option<Table>,
+    /// The tables have the `max_mark` column of 0.2.0. Without it they are
+    /// 0.1.0's, not yet updated, and every limit is 2^63-1: the library
+    /// serves both.
+    pub has_limits: bool,
+}
+
+thread_local! {
+    static CACHE: Cell<Option<Tables>> = const { Cell::new(None) };
+    static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The tables as they are now; an error if the extension's tables are gone.
+pub fn current() -> Tables {
+    lookup().unwrap_or_else(|| pgrx::error!("pg_ticket: the extension's state tables are missing; run CREATE EXTENSION pg_ticket"))
+}
+
+/// The tickets table as it is now.
+pub fn tickets() -> Table {
+    current().tickets.unwrap_or_else(|| pgrx::error!("pg_ticket: pgticket.tickets is missing; run ALTER EXTENSION pg_ticket UPDATE"))
+}
+
+/// The lease registry's table as it is now.
+pub fn machine_id_leases() -> Table {
+    current()
+        .machine_id_leases
+        .unwrap_or_else(|| pgrx::error!("pg_ticket: pgticket.machine_id_leases is missing; run ALTER EXTENSION pg_ticket UPDATE"))
+}
+
+/// The tables as they are now, None if they do not exist (the extension was
+/// dropped, in this transaction perhaps).
+pub fn lookup() -> Option<Tables> {
+    if let Some(tables) = CACHE.get() {
+        return Some(tables);
+    }
+    if !CALLBACK_REGISTERED.replace(true) {
+        unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(on_relcache_invalidation), pg_sys::Datum::from(0)) };
+    }
+    // Read-only, so it also runs on a hot standby; the catalogs are readable
+    // by every role; names and operators qualified, so no search_path can
+    // redirect it.
+    let found = Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT c.relname::pg_catalog.text, c.oid, c.relowner, EXISTS (SELECT FROM pg_catalog.pg_attribute a \
+                      WHERE a.attrelid OPERATOR(pg_catalog.=) c.oid AND a.attname OPERATOR(pg_catalog.=) 'max_mark' \
+                        AND NOT a.attisdropped) \
+               FROM pg_catalog.pg_extension e \
+               JOIN pg_catalog.pg_depend d ON d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass \
+                    AND d.refobjid OPERATOR(pg_catalog.=) e.oid AND d.deptype OPERATOR(pg_catalog.=) 'e' \
+                    AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass \
+               JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) d.objid AND c.relkind OPERATOR(pg_catalog.=) 'r' \
+             WHERE e.extname OPERATOR(pg_catalog.=) 'pg_ticket'",
+            None,
+            &[],
+        )?;
+        let (mut scoped_counters, mut blocks, mut tickets, mut machine_id_leases, mut has_limits) = (None, None, None, None, false);
+        for row in rows {
+            let name: String = row.get(1)?.unwrap_or_default();
+            let table = Table { oid: row.get(2)?.expect("oid"), owner: row.get(3)?.expect("relowner") };
+            match name.as_str() {
+                "scoped_counters" => {
+                    scoped_counters = Some(table);
+                    has_limits = row.get::<bool>(4)?.unwrap_or(false);
+                }
+                "blocks" => blocks = Some(table),
+                "tickets" => tickets = Some(table),
+                "machine_id_leases" => machine_id_leases = Some(table),
+                _ => {}
+            }
+        }
+        Ok::<_, pgrx::spi::Error>(match (scoped_counters, blocks) {
+            (Some(scoped_counters), Some(blocks)) => Some(Tables { scoped_counters, blocks, tickets, machine_id_leases, has_limits }),
+            _ => None,
+        })
+    })
+    .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot look up the state tables: {e}"));
+    CACHE.set(found);
+    found
+}
+
+unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    // InvalidOid: every relation (a cache reset).
+    if let Some(t) = CACHE.get() {
+        let ours = [Some(t.scoped_counters), Some(t.blocks), t.tickets, t.machine_id_leases];
+        if relid == pg_sys::InvalidOid || ours.iter().flatten().any(|table| table.oid == relid) {
+            CACHE.set(None);
+        }
+    }
+}
+
+/// Runs `f` as the owner of `table`, restricted, for table access on behalf
+/// of a caller without rights on it (or of a background worker).
+pub fn as_owner_of<R>(table: Table, f: impl FnOnce() -> R) -> R {
+    let _as_owner = AsUser::switch_to(table.owner);
+    f()
+}
+
+/// Switches the current user for the statements, and back on drop (an
+/// ERROR's transaction abort also restores it). Like PostgreSQL's own
+/// restricted operations (VACUUM, ANALYZE, index builds), it also undoes
+/// every setting changed meanwhile: otherwise the owner's trigger could
+/// leave a `search_path` (or any setting) behind in the caller's session,
+/// and whatever the caller runs next would run under it.
+struct AsUser {
+    saved_user: pg_sys::Oid,
+    saved_context: i32,
+    guc_nest_level: i32,
+}
+
+impl AsUser {
+    fn switch_to(user: pg_sys::Oid) -> Self {
+        let mut saved_user = pg_sys::Oid::INVALID;
+        let mut saved_context = 0;
+        let guc_nest_level = unsafe { pg_sys::NewGUCNestLevel() };
+        unsafe {
+            pg_sys::GetUserIdAndSecContext(&mut saved_user, &mut saved_context);
+            pg_sys::SetUserIdAndSecContext(
+                user,
+                saved_context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32 | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,
+            );
+        }
+        AsUser { saved_user, saved_context, guc_nest_level }
+    }
+}
+
+impl Drop for AsUser {
+    fn drop(&mut self) {
+        // During an ERROR's unwinding the transaction's abort pops the GUC
+        // stack itself; popping it here too would be out of order.
+        unsafe {
+            if !std::thread::panicking() {
+                pg_sys::AtEOXact_GUC(false, self.guc_nest_level);
+            }
+            pg_sys::SetUserIdAndSecContext(self.saved_user, self.saved_context);
+        }
+    }
+}

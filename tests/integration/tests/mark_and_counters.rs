@@ -1,0 +1,120 @@
+//! The snowflake mark's standby wait and the counters' two-phase commit
+//! against what an adversary tries (SPEC §13.2, §13.3, §13.4, §13.8); each
+//! test failed on 0.2.0.
+
+use pg_ticket_integration::{sqlstate, Cluster};
+use postgres::Client;
+use std::time::{Duration, Instant};
+
+fn reload_with_standby(c: &Cluster, names: Option<&str>) {
+    let mut admin = c.connect();
+    match names {
+        Some(names) => admin.batch_execute(&format!("ALTER SYSTEM SET synchronous_standby_names = '{names}'")).unwrap(),
+        None => admin.batch_execute("ALTER SYSTEM RESET synchronous_standby_names").unwrap(),
+    }
+    admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+/// The pid of the one backend of `user` waiting for the synchronous
+/// standby, once it waits (up to 10 s).
+fn waiting_for_standby(admin: &mut Client, user: &str) -> i32 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Some(row) = admin
+            .query_opt("SELECT pid FROM pg_stat_activity WHERE usename = $1 AND wait_event = 'SyncRep' LIMIT 1", &[&user])
+            .unwrap()
+        {
+            return row.get(0);
+        }
+        assert!(Instant::now() < deadline, "no backend of {user} waits for the synchronous standby");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Time for the mark's reservation to run out, so the next call writes it.
+fn until_the_mark_is_written_again() {
+    std::thread::sleep(Duration::from_millis(2_500));
+}
+
+#[test]
+fn the_marks_standby_wait_holds_for_every_session_and_a_cancelled_or_terminated_wait_issues_nothing() {
+    let c = Cluster::start("mark-syncrep", 55488, &[]);
+    let mut admin = c.connect();
+    admin.batch_execute("CREATE ROLE mark_plain LOGIN").unwrap();
+    reload_with_standby(&c, Some("nobody"));
+
+    // A session that says synchronous_commit = local still waits for the
+    // standby (0.2.0: an ID at once, under a mark no standby had), and its
+    // cancelled wait (statement_timeout) is a refusal, not an ID.
+    let mut local = c.connect_as("mark_plain", "postgres");
+    local.batch_execute("SET synchronous_commit = local; SET statement_timeout = '1s'").unwrap();
+    match local.query_one("SELECT snowflake_id()", &[]) {
+        Ok(row) => panic!("snowflake {} stamped under a mark the standby never confirmed", row.get::<_, i64>(0)),
+        Err(e) => assert_eq!(sqlstate(&e), "58030", "{e:?}"),
+    }
+
+    // A writer waiting for the standby holds the others: they wait for real
+    // (0.2.0 gave up after ~10 ms with 58030) and their wait ends with their
+    // own statement_timeout (57014).
+    let writer = std::thread::spawn({
+        let dsn = c.dsn_as("mark_plain", "postgres");
+        move || postgres::Client::connect(&dsn, postgres::NoTls).unwrap().query_one("SELECT snowflake_id()", &[]).map(|r| r.get::<_, i64>(0))
+    });
+    let writer_pid = waiting_for_standby(&mut admin, "mark_plain");
+    let mut other = c.connect();
+    other.batch_execute("SET statement_timeout = '2s'").unwrap();
+    let err = other.query_one("SELECT snowflake_id()", &[]).unwrap_err();
+    assert_eq!(sqlstate(&err), "57014", "another backend's mark write is waited for, until our own timeout: {err:?}");
+    // The writer's wait cancelled: a refusal, not an ID.
+    admin.query_one("SELECT pg_cancel_backend($1)", &[&writer_pid]).unwrap();
+    match writer.join().unwrap() {
+        Ok(id) => panic!("snowflake {id} stamped after a cancelled standby wait"),
+        Err(e) => assert_eq!(sqlstate(&e), "58030", "{e:?}"),
+    }
+
+    // An ordinary role terminates its own waiting session: the server's
+    // generator is not wedged (0.2.0: 58030 "waited 10000 ms for another
+    // backend" on every call until a restart).
+    let victim = std::thread::spawn({
+        let dsn = c.dsn_as("mark_plain", "postgres");
+        move || postgres::Client::connect(&dsn, postgres::NoTls).unwrap().query_one("SELECT snowflake_id()", &[]).is_ok()
+    });
+    let victim_pid = waiting_for_standby(&mut admin, "mark_plain");
+    let mut same_role = c.connect_as("mark_plain", "postgres");
+    let ended: bool = same_role.query_one("SELECT pg_terminate_backend($1)", &[&victim_pid]).unwrap().get(0);
+    assert!(ended);
+    assert!(!victim.join().unwrap(), "the terminated session got no ID");
+    reload_with_standby(&c, None);
+    until_the_mark_is_written_again();
+    let ids: Vec<i64> = c.connect().query("SELECT snowflake_id() FROM generate_series(1, 1000)", &[]).unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(ids.len(), 1000);
+    c.stop();
+}
+
+/// Found by review: PREPARE TRANSACTION skipped the durable commit, so a
+/// session with synchronous_commit = local prepared numbers no standby had.
+#[test]
+fn prepare_transaction_waits_for_the_standby_like_commit() {
+    let c = Cluster::start("prepare-syncrep", 55489, &[]);
+    let mut admin = c.connect();
+    admin.batch_execute("CREATE ROLE prep_user LOGIN").unwrap();
+    reload_with_standby(&c, Some("nobody"));
+    let preparer = std::thread::spawn({
+        let dsn = c.dsn_as("prep_user", "postgres");
+        move || {
+            let mut s = postgres::Client::connect(&dsn, postgres::NoTls).unwrap();
+            s.batch_execute("SET synchronous_commit = local; BEGIN").unwrap();
+            let n: i64 = s.query_one("SELECT next_scoped_id('prep', 'd')", &[]).unwrap().get(0);
+            s.batch_execute("PREPARE TRANSACTION 'p1'").map(|_| n)
+        }
+    });
+    let pid = waiting_for_standby(&mut admin, "prep_user");
+    admin.query_one("SELECT pg_cancel_backend($1)", &[&pid]).unwrap();
+    // PostgreSQL's own rule: a cancelled wait leaves the PREPARE done here.
+    assert_eq!(preparer.join().unwrap().unwrap(), 1);
+    // ROLLBACK PREPARED waits for the standby too: let it go first.
+    reload_with_standby(&c, None);
+    admin.batch_execute("ROLLBACK PREPARED 'p1'").unwrap();
+    c.stop();
+}

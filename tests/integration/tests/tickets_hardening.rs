@@ -1,0 +1,376 @@
+//! `next_ticket()` against what an adversary tries (SPEC §13): a cache that
+//! outlives its table, cancelled synchronous-replication waits, a trigger
+//! on the tickets table, row locks held open, the top of bigint, settings
+//! written in another base. Each test failed on 0.2.0.
+
+use pg_ticket_integration::{refused_start, shared_cluster, sqlstate, Cluster};
+use postgres::Client;
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+fn cluster() -> &'static Cluster {
+    shared_cluster(
+        "tickets-hard",
+        55484,
+        // A database of its own per test, each with its worker for 10 s.
+        &[
+            "pg_ticket.ticket_step_min = 5",
+            "pg_ticket.ticket_step_max = 50",
+            "pg_ticket.ticket_wait_timeout = '2s'",
+            "max_worker_processes = 32",
+        ],
+    )
+}
+
+/// A database of its own with the extension, so a test may drop it.
+fn fresh_db(c: &Cluster, name: &str) -> Client {
+    let mut admin = c.connect();
+    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).unwrap();
+    admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+    let mut db = c.connect_as("postgres", name);
+    db.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
+    db
+}
+
+fn tickets(db: &mut Client, scope: &str, n: i32) -> Vec<i64> {
+    db.query("SELECT next_ticket($1, 'd') FROM generate_series(1, $2)", &[&scope, &n]).unwrap().iter().map(|r| r.get(0)).collect()
+}
+
+/// Wait until the worker has cached values of `scope` beyond `taken` (the
+/// fetch ahead), so what follows meets a cache with something in it.
+fn wait_cached_beyond(db: &mut Client, scope: &str, taken: i64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let until: Option<i64> = db
+            .query_opt("SELECT cached_until FROM pgticket.ticket_cache WHERE queue = $1 AND domain = 'd'", &[&scope])
+            .unwrap()
+            .and_then(|r| r.get(0));
+        if until.is_some_and(|u| u > taken) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "{scope}: nothing cached beyond {taken}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn assert_distinct(all: &[i64]) {
+    let distinct: HashSet<_> = all.iter().collect();
+    assert_eq!(distinct.len(), all.len(), "tickets handed out twice: {all:?}");
+}
+
+#[test]
+fn a_dropped_and_created_extension_never_serves_the_old_tables_cached_tickets() {
+    let c = cluster();
+    let mut db = fresh_db(c, "t_drop_ext");
+    assert_eq!(tickets(&mut db, "q", 10), (1..=10).collect::<Vec<i64>>());
+    wait_cached_beyond(&mut db, "q", 10);
+    db.batch_execute("DROP EXTENSION pg_ticket; CREATE EXTENSION pg_ticket").unwrap();
+    // A new extension starts its scopes anew, from its own table (0.2.0:
+    // 11..100 from the old cache, then 1..100 again).
+    assert_eq!(tickets(&mut db, "q", 200), (1..=200).collect::<Vec<i64>>());
+}
+
+#[test]
+fn a_database_dropped_and_created_with_the_same_oid_never_serves_the_old_cache() {
+    let c = cluster();
+    let mut db = fresh_db(c, "t_same_oid");
+    assert_eq!(tickets(&mut db, "q", 10), (1..=10).collect::<Vec<i64>>());
+    wait_cached_beyond(&mut db, "q", 10);
+    drop(db);
+    let mut admin = c.connect();
+    let oid: u32 = admin.query_one("SELECT oid FROM pg_database WHERE datname = 't_same_oid'", &[]).unwrap().get(0);
+    admin.batch_execute("DROP DATABASE t_same_oid WITH (FORCE)").unwrap();
+    admin.batch_execute(&format!("CREATE DATABASE t_same_oid OID = {oid}")).unwrap();
+    let mut db = c.connect_as("postgres", "t_same_oid");
+    db.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
+    assert_eq!(tickets(&mut db, "q", 200), (1..=200).collect::<Vec<i64>>());
+}
+
+/// Found by review: a database dropped and created again with its OID from
+/// a template with the same tickets table (same relation id) met the
+/// dropped database's cache.
+#[test]
+fn a_database_recreated_with_its_oid_from_a_template_never_serves_the_dropped_ones_cache() {
+    let c = cluster();
+    drop(fresh_db(c, "t_tmpl_src")); // the extension, no rows, no connection left
+    let mut admin = c.connect();
+    admin.batch_execute("DROP DATABASE IF EXISTS t_tmpl_copy WITH (FORCE)").unwrap();
+    admin.batch_execute("CREATE DATABASE t_tmpl_copy TEMPLATE t_tmpl_src").unwrap();
+    let mut db = c.connect_as("postgres", "t_tmpl_copy");
+    assert_eq!(tickets(&mut db, "q", 10), (1..=10).collect::<Vec<i64>>());
+    wait_cached_beyond(&mut db, "q", 10);
+    drop(db);
+    let oid: u32 = admin.query_one("SELECT oid FROM pg_database WHERE datname = 't_tmpl_copy'", &[]).unwrap().get(0);
+    admin.batch_execute("DROP DATABASE t_tmpl_copy WITH (FORCE)").unwrap();
+    admin.batch_execute(&format!("CREATE DATABASE t_tmpl_copy OID = {oid} TEMPLATE t_tmpl_src")).unwrap();
+    let mut db = c.connect_as("postgres", "t_tmpl_copy");
+    assert_eq!(tickets(&mut db, "q", 200), (1..=200).collect::<Vec<i64>>());
+}
+
+/// Found by review: advance_ticket judged "never back" by the row only, so
+/// after a DELETE it moved a cached scope back below what was handed out.
+#[test]
+fn advance_ticket_never_moves_below_what_the_cache_reserved() {
+    let c = cluster();
+    let mut db = fresh_db(c, "t_adv_floor");
+    let taken = tickets(&mut db, "r", 3);
+    wait_cached_beyond(&mut db, "r", 3);
+    db.batch_execute("DELETE FROM pgticket.tickets").unwrap();
+    let err = db.query_one("SELECT advance_ticket('r', 'd', 0)", &[]).unwrap_err();
+    assert_eq!(sqlstate(&err), "22023", "{err:?}");
+    let next = tickets(&mut db, "r", 1)[0];
+    assert!(next > *taken.last().unwrap(), "{next} after {taken:?}");
+}
+
+/// Found by review: a setting changed by the owner's trigger stayed in the
+/// caller's session (a search_path planted for whatever the caller, maybe
+/// a superuser, ran next).
+#[test]
+fn a_setting_changed_by_the_owners_trigger_does_not_leak_into_the_callers_session() {
+    let c = cluster();
+    let mut db = fresh_db(c, "t_guc_leak");
+    db.batch_execute(
+        "DROP ROLE IF EXISTS leaky_owner;
+         CREATE ROLE leaky_owner LOGIN;
+         GRANT CREATE ON SCHEMA public TO leaky_owner;
+         ALTER TABLE pgticket.scoped_counters OWNER TO leaky_owner;
+         ALTER TABLE pgticket.tickets OWNER TO leaky_owner;",
+    )
+    .unwrap();
+    let mut owner = c.connect_as("leaky_owner", "t_guc_leak");
+    owner
+        .batch_execute(
+            "CREATE FUNCTION public.plant() RETURNS trigger LANGUAGE plpgsql AS $$
+             BEGIN PERFORM set_config('search_path', 'planted, pg_catalog', false); RETURN NEW; END $$;
+             CREATE TRIGGER plant BEFORE INSERT OR UPDATE ON pgticket.scoped_counters FOR EACH ROW EXECUTE FUNCTION public.plant();
+             CREATE TRIGGER plant BEFORE INSERT OR UPDATE ON pgticket.tickets FOR EACH ROW EXECUTE FUNCTION public.plant();",
+        )
+        .unwrap();
+    let before: String = db.query_one("SHOW search_path", &[]).unwrap().get(0);
+    for call in ["SELECT next_scoped_id('leak', 'd')", "SELECT advance_ticket('leak', 'd', 10)"] {
+        db.query_one(call, &[]).unwrap();
+        let after: String = db.query_one("SHOW search_path", &[]).unwrap().get(0);
+        assert_eq!(after, before, "{call} left the owner's search_path in the session");
+    }
+}
+
+#[test]
+fn an_emptied_or_deleted_tickets_row_never_leads_to_a_ticket_again() {
+    let c = cluster();
+    let mut db = fresh_db(c, "t_truncate");
+    for empty in ["TRUNCATE pgticket.tickets", "DELETE FROM pgticket.tickets"] {
+        let mut all = tickets(&mut db, "q", 10);
+        wait_cached_beyond(&mut db, "q", *all.last().unwrap());
+        db.batch_execute(empty).unwrap();
+        all.extend(tickets(&mut db, "q", 400));
+        assert_distinct(&all);
+        // What stays is in the table again: a later reservation sees it.
+        let mark: i64 = db.query_one("SELECT mark FROM pgticket.tickets WHERE queue = 'q'", &[]).unwrap().get(0);
+        assert!(mark >= *all.iter().max().unwrap(), "{empty}: the mark {mark} is below what was handed out");
+    }
+}
+
+/// Found by review: the worker ran its statements as the bootstrap
+/// superuser, so the tickets table's owner could run anything as one.
+#[test]
+fn the_worker_runs_as_the_tickets_tables_owner_restricted() {
+    let c = cluster();
+    let mut db = fresh_db(c, "t_owner");
+    db.batch_execute(
+        "DROP ROLE IF EXISTS ticket_owner_bob;
+         CREATE ROLE ticket_owner_bob LOGIN;
+         GRANT CREATE ON SCHEMA public TO ticket_owner_bob;
+         ALTER TABLE pgticket.tickets OWNER TO ticket_owner_bob;",
+    )
+    .unwrap();
+    let mut bob = c.connect_as("ticket_owner_bob", "t_owner");
+    bob.batch_execute(
+        "CREATE TABLE public.seen (who text, escalated boolean);
+         CREATE FUNCTION public.escalate() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+           BEGIN
+             EXECUTE 'ALTER ROLE ticket_owner_bob SUPERUSER';
+             INSERT INTO public.seen VALUES (current_user, true);
+           EXCEPTION WHEN OTHERS THEN
+             INSERT INTO public.seen VALUES (current_user, false);
+           END;
+           RETURN NEW;
+         END $$;
+         CREATE TRIGGER escalate BEFORE INSERT OR UPDATE ON pgticket.tickets FOR EACH ROW EXECUTE FUNCTION public.escalate();",
+    )
+    .unwrap();
+    assert_eq!(tickets(&mut db, "owned", 3), vec![1, 2, 3]);
+    let superuser: bool =
+        db.query_one("SELECT rolsuper FROM pg_roles WHERE rolname = 'ticket_owner_bob'", &[]).unwrap().get(0);
+    assert!(!superuser, "the trigger ran with a superuser's rights");
+    let seen: Vec<(String, bool)> =
+        db.query("SELECT who, escalated FROM public.seen", &[]).unwrap().iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert!(!seen.is_empty(), "the trigger ran");
+    assert!(seen.iter().all(|(who, escalated)| who == "ticket_owner_bob" && !escalated), "{seen:?}");
+}
+
+#[test]
+fn advance_ticket_runs_as_the_tickets_tables_owner_not_the_counters() {
+    let c = cluster();
+    let mut db = fresh_db(c, "t_adv_owner");
+    db.batch_execute(
+        "DROP ROLE IF EXISTS counters_owner_carol; CREATE ROLE counters_owner_carol;
+         ALTER TABLE pgticket.scoped_counters OWNER TO counters_owner_carol;",
+    )
+    .unwrap();
+    let mark: i64 = db.query_one("SELECT advance_ticket('adv', 'd', 100)", &[]).unwrap().get(0);
+    assert_eq!(mark, 100);
+    assert_eq!(tickets(&mut db, "adv", 1), vec![101]);
+}
+
+/// Found by review: only the scoped counters' owner was used, for every
+/// table (0.2.0: 42501 on pgticket.blocks).
+#[test]
+fn each_state_table_is_used_as_its_own_owner() {
+    let c = cluster();
+    let mut db = fresh_db(c, "t_each_owner");
+    db.batch_execute(
+        "DROP ROLE IF EXISTS counters_owner_dave; CREATE ROLE counters_owner_dave;
+         ALTER TABLE pgticket.scoped_counters OWNER TO counters_owner_dave;",
+    )
+    .unwrap();
+    let block: (i64, i64) = db.query_one("SELECT * FROM reserve_block('b', 10)", &[]).map(|r| (r.get(0), r.get(1))).unwrap();
+    assert_eq!(block, (1, 10));
+    let n: i64 = db.query_one("SELECT next_scoped_id('q', 'd')", &[]).unwrap().get(0);
+    assert_eq!(n, 1);
+}
+
+/// Found by review: one row lock held open stalled every scope of the
+/// database, and waiting on our own lock was reported as a slow worker.
+#[test]
+fn a_locked_scope_stalls_only_itself_and_our_own_lock_is_refused_at_once() {
+    let c = cluster();
+    let mut holder = fresh_db(c, "t_locks");
+    let mut other = c.connect_as("postgres", "t_locks");
+    let mut tx = holder.transaction().unwrap();
+    tx.query_one("SELECT advance_ticket('held', 'x', 10)", &[]).unwrap();
+    // A committed scope locked by an open advance too (its row updated: an
+    // INSERT ... ON CONFLICT would wait for that transaction).
+    tickets(&mut other, "held-old", 1);
+    tx.query_one("SELECT advance_ticket('held-old', 'd', 100)", &[]).unwrap();
+    // Someone waits for it meanwhile, so the worker keeps trying it.
+    let waiter = std::thread::spawn({
+        let dsn = c.dsn_as("postgres", "t_locks");
+        move || postgres::Client::connect(&dsn, postgres::NoTls).unwrap().query_one("SELECT next_ticket('held-old', 'd')", &[]).is_err()
+    });
+    std::thread::sleep(Duration::from_millis(200));
+    // Fresh scopes are served while both are locked (0.2.0: 55000 after 2 s).
+    for i in 0..5 {
+        let t: i64 = other.query_one("SELECT next_ticket($1, 'x')", &[&format!("fresh-{i}")]).unwrap().get(0);
+        assert_eq!(t, 1);
+    }
+    assert!(waiter.join().unwrap(), "the locked scope's waiter got a ticket while its row was locked");
+    // The locked scope itself waits, and says why.
+    let err = other.query_one("SELECT next_ticket('held', 'x')", &[]).unwrap_err();
+    assert_eq!(sqlstate(&err), "55000", "{err:?}");
+    let message = err.as_db_error().unwrap().message().to_string();
+    assert!(message.contains("locked by another transaction"), "{message}");
+    // Asking for it inside the transaction that holds it: refused at once.
+    let started = Instant::now();
+    let err = tx.query_one("SELECT next_ticket('held', 'x')", &[]).unwrap_err();
+    assert_eq!(sqlstate(&err), "55000", "{err:?}");
+    let message = err.as_db_error().unwrap().message().to_string();
+    assert!(message.contains("in this transaction"), "{message}");
+    println!("refused after {:?}", started.elapsed());
+    drop(tx); // rolled back
+    // An outer advance still holds the row after an inner one rolled back.
+    let mut tx = holder.transaction().unwrap();
+    tx.batch_execute("SELECT advance_ticket('held', 'x', 5); SAVEPOINT a; SELECT advance_ticket('held', 'x', 7); ROLLBACK TO SAVEPOINT a")
+        .unwrap();
+    let err = tx.query_one("SELECT next_ticket('held', 'x')", &[]).unwrap_err();
+    assert!(err.as_db_error().unwrap().message().contains("in this transaction"), "{err:?}");
+    drop(tx);
+    let mut tx = holder.transaction().unwrap();
+    tx.query_one("SELECT advance_ticket('held', 'x', 10)", &[]).unwrap();
+    tx.commit().unwrap();
+    let t: i64 = other.query_one("SELECT next_ticket('held', 'x')", &[]).unwrap().get(0);
+    assert_eq!(t, 11);
+    // A savepoint rolled back releases the lock: nothing to refuse.
+    let mut tx = holder.transaction().unwrap();
+    tx.batch_execute("SAVEPOINT s; SELECT advance_ticket('rolled', 'x', 50); ROLLBACK TO SAVEPOINT s").unwrap();
+    let t: i64 = tx.query_one("SELECT next_ticket('rolled', 'x')", &[]).unwrap().get(0);
+    assert_eq!(t, 1);
+    tx.commit().unwrap();
+}
+
+/// Found by review: near the top of bigint the failure to fetch ahead was
+/// raised while values were still cached, and those became a gap.
+#[test]
+fn every_cached_ticket_is_handed_out_before_the_top_of_bigint_is_reported() {
+    let c = cluster();
+    let mut db = fresh_db(c, "t_top");
+    db.query_one("SELECT advance_ticket('top', 'x', 9223372036854775807 - 100)", &[]).unwrap();
+    let mut got = Vec::new();
+    let err = loop {
+        match db.query_one("SELECT next_ticket('top', 'x')", &[]) {
+            Ok(row) => got.push(row.get::<_, i64>(0)),
+            Err(e) => break e,
+        }
+        assert!(got.len() <= 100, "more than 100 tickets below the top");
+    };
+    assert_eq!(sqlstate(&err), "2200H", "{err:?}");
+    assert_eq!(got, (i64::MAX - 99..=i64::MAX).collect::<Vec<i64>>());
+}
+
+/// Found by review: a cancelled or terminated synchronous-replication wait
+/// of the worker's commit let it install the segment (tickets no standby
+/// had). Now nothing of it is handed out.
+#[test]
+fn a_cancelled_or_terminated_standby_wait_hands_out_nothing_of_that_reservation() {
+    let c = Cluster::start("tickets-syncrep", 55485, &["pg_ticket.ticket_wait_timeout = '1s'"]);
+    let mut db = c.connect();
+    db.batch_execute("ALTER SYSTEM SET synchronous_standby_names = 'nobody'").unwrap();
+    db.batch_execute("SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    for end in ["pg_cancel_backend", "pg_terminate_backend"] {
+        let err = db.query_one("SELECT next_ticket('sr', 'd')", &[]).unwrap_err();
+        assert_eq!(sqlstate(&err), "55000", "the worker's commit waits for the standby: {err:?}");
+        let ended: i64 = db
+            .query_one(
+                &format!(
+                    "SELECT count({end}(pid)) FROM pg_stat_activity WHERE backend_type = 'pg_ticket tickets' AND wait_event = 'SyncRep'"
+                ),
+                &[],
+            )
+            .unwrap()
+            .get(0);
+        assert_eq!(ended, 1, "{end}: the worker was waiting for the standby");
+        std::thread::sleep(Duration::from_millis(300));
+        for _ in 0..3 {
+            match db.query_one("SELECT next_ticket('sr', 'd')", &[]) {
+                Ok(row) => panic!("after {end}: ticket {} handed out that no standby confirmed", row.get::<_, i64>(0)),
+                Err(e) => assert_eq!(sqlstate(&e), "55000", "{e:?}"),
+            }
+        }
+    }
+    let mark: i64 = db.query_one("SELECT mark FROM pgticket.tickets WHERE queue = 'sr'", &[]).unwrap().get(0);
+    assert!(mark > 0, "the reservations committed locally");
+    db.batch_execute("ALTER SYSTEM RESET synchronous_standby_names").unwrap();
+    db.batch_execute("SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let t: i64 = db.query_one("SELECT next_ticket('sr', 'd')", &[]).unwrap().get(0);
+    assert!(t > mark, "{t} is not above the unconfirmed reservations (mark {mark})");
+    c.stop();
+}
+
+/// Found by review: the series came from the raw text ('010' is 8 to
+/// PostgreSQL, 10 to Rust) and an out-of-range increment was used anyway.
+#[test]
+fn the_ticket_series_used_is_the_one_show_reports_and_out_of_range_stops_the_server() {
+    let log = refused_start("/tmp/pgt-bad-increment", 55486, "pg_ticket.ticket_increment = 2000000");
+    assert!(log.contains("pg_ticket.ticket_increment: 2000000 is outside 1..1000000"), "{log}");
+    let log = refused_start("/tmp/pgt-bad-increment", 55486, "pg_ticket.ticket_increment = 4294967297");
+    assert!(log.contains("pg_ticket.ticket_increment:"), "{log}");
+
+    let c = Cluster::start("tickets-octal", 55487, &["pg_ticket.ticket_increment = '010'", "pg_ticket.ticket_offset = 3"]);
+    let mut db = c.connect();
+    let shown: String = db.query_one("SHOW pg_ticket.ticket_increment", &[]).unwrap().get(0);
+    assert_eq!(shown, "8");
+    assert_eq!(tickets(&mut db, "octal", 3), vec![3, 11, 19]);
+    c.stop();
+}
