@@ -112,6 +112,13 @@ fn standbys_confirmed(lsn: pg_sys::XLogRecPtr) -> bool {
     }
 }
 
+extern "C-unwind" {
+    /// The setting's assign hook, which derives the wait mode from it
+    /// (syncrep.c; declared in guc_hooks.h from 16 on, which the
+    /// bindings of every version do not include).
+    fn assign_synchronous_commit(newval: std::ffi::c_int, extra: *mut std::ffi::c_void);
+}
+
 /// Wait, as a commit would with `synchronous_commit = on`, until the
 /// synchronous standbys (if any) have flushed WAL up to `lsn`, whatever
 /// this session's `synchronous_commit` says (the snowflake mark is the
@@ -127,14 +134,14 @@ pub fn wait_for_synchronous_standbys(lsn: pg_sys::XLogRecPtr) -> bool {
         let raise = saved < on;
         if raise {
             pg_sys::synchronous_commit = on;
-            pg_sys::assign_synchronous_commit(on, std::ptr::null_mut());
+            assign_synchronous_commit(on, std::ptr::null_mut());
         }
         pg_sys::InterruptHoldoffCount += 1;
         pg_sys::SyncRepWaitForLSN(lsn, false);
         pg_sys::InterruptHoldoffCount -= 1;
         if raise {
             pg_sys::synchronous_commit = saved;
-            pg_sys::assign_synchronous_commit(saved, std::ptr::null_mut());
+            assign_synchronous_commit(saved, std::ptr::null_mut());
         }
         standbys_confirmed(lsn)
     }
