@@ -52,10 +52,11 @@ test-unit:
 test-pgrx: setup
 	scripts/pgrx-test.sh $(PG_VERSION)
 
-# The suite on a fresh database, then on one upgraded from 0.1.0.
+# The suite on a fresh database, then on ones upgraded from 0.1.0 and 0.2.0.
 test-regress:
 	scripts/regress.sh
 	UPGRADE_FROM=0.1.0 scripts/regress.sh
+	UPGRADE_FROM=0.2.0 scripts/regress.sh
 
 test-integration:
 	cargo test -p pg_ticket_integration -- --test-threads=4

@@ -60,7 +60,8 @@ impl TicketError {
             TicketError::Snowflake(
                 SnowflakeError::MarkStore(_) | SnowflakeError::DamagedMark { .. } | SnowflakeError::MarkBusy { .. },
             ) => ERRCODE_IO_ERROR,
-            TicketError::TooManyEntries(_) => ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            TicketError::TooManyEntries(LimitReached::Entries { .. }) => ERRCODE_PROGRAM_LIMIT_EXCEEDED,
+            TicketError::TooManyEntries(LimitReached::Memory { .. }) => ERRCODE_OUT_OF_MEMORY,
             TicketError::Tickets(TicketsError::Overflow { .. }) => ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED,
             TicketError::Tickets(TicketsError::BadSeries { .. }) => ERRCODE_INVALID_PARAMETER_VALUE,
             TicketError::Tickets(TicketsError::OtherSeries { .. }) | TicketError::TicketsUnavailable(_) => {
@@ -94,9 +95,10 @@ impl TicketError {
             TicketError::Snowflake(SnowflakeError::DamagedMark { .. }) => Some(
                 "Stop the server, and replace the file with a Unix time in milliseconds past every snowflake this server issued, followed by a newline.",
             ),
-            TicketError::TooManyEntries(_) => {
-                Some("Split the transaction, or raise pg_ticket.max_transaction_entries for this session.")
+            TicketError::TooManyEntries(LimitReached::Entries { .. }) => {
+                Some("Split the transaction; a superuser may raise pg_ticket.max_transaction_entries.")
             }
+            TicketError::TooManyEntries(LimitReached::Memory { .. }) => Some("Split the transaction."),
             TicketError::ValueDoesNotFit { .. } => Some("set_scoped_limit() keeps a series within a column's range."),
             TicketError::NoMachineLease(_) => Some(
                 "This server leases its machine id from pg_ticket.registry; pgticket.status shows the lease and the server log the registry's errors. Other allocators work meanwhile.",

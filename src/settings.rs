@@ -27,7 +27,7 @@ const DEFAULT_EPOCH_UNIX_MS: i64 = 1_767_225_600_000;
 static MACHINE_ID: GucSetting<i32> = GucSetting::<i32>::new(0);
 static EPOCH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"2026-01-01"));
 static DURABLE_COMMIT: GucSetting<bool> = GucSetting::<bool>::new(true);
-static MAX_TRANSACTION_ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(1_000_000);
+static MAX_TRANSACTION_ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(100_000);
 static TICKET_CACHE_SCOPES: GucSetting<i32> = GucSetting::<i32>::new(1024);
 static TICKET_STEP_MIN: GucSetting<i32> = GucSetting::<i32>::new(100);
 static TICKET_STEP_MAX: GucSetting<i32> = GucSetting::<i32>::new(10_000);
@@ -66,11 +66,11 @@ pub fn init() {
     GucRegistry::define_int_guc(
         c"pg_ticket.max_transaction_entries",
         c"Most scopes and savepoint entries one transaction may hold in backend memory.",
-        c"Past it an allocation fails with 54000; bounds memory that PostgreSQL does not account for.",
+        c"Past it an allocation fails with 54000; bounds memory that PostgreSQL does not account for (about 150 bytes an entry). Superusers only: raising it lets one session take that much memory.",
         &MAX_TRANSACTION_ENTRIES,
         10,
-        i32::MAX,
-        GucContext::Userset,
+        10_000_000,
+        GucContext::Suset,
         GucFlags::default(),
     );
     GucRegistry::define_int_guc(

@@ -15,6 +15,14 @@
 //! another transaction like `next_ticket`. Columns are resolved by name on
 //! every row: a misnamed or mistyped column fails at the first row, with
 //! 42703 or 42804.
+//!
+//! The scope taken from a column is its value's canonical text (SPEC
+//! §13.9): a type whose output depends on session settings (dates, times,
+//! floats, bytea, money, intervals, any type not known to be plain) is
+//! printed under fixed settings (ISO dates, UTC, shortest exact floats,
+//! hex bytea, C money), so two sessions never number one day's invoices
+//! from two scopes. The value written respects the column's type modifier
+//! and domain, as an INSERT of it would (22003 / 23514 at that row).
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -63,8 +71,34 @@ fn attnum(tupdesc: pg_sys::TupleDesc, column: &CStr, table: &str) -> i32 {
     n
 }
 
-/// The value of a column as the text its type prints, in the database's
-/// encoding (allocated in the trigger's memory context), or 22004 if NULL.
+/// Types whose text does not depend on any session setting.
+const PLAIN_OUTPUT: [pg_sys::Oid; 11] = [
+    pg_sys::TEXTOID,
+    pg_sys::VARCHAROID,
+    pg_sys::BPCHAROID,
+    pg_sys::NAMEOID,
+    pg_sys::INT2OID,
+    pg_sys::INT4OID,
+    pg_sys::INT8OID,
+    pg_sys::NUMERICOID,
+    pg_sys::BOOLOID,
+    pg_sys::UUIDOID,
+    pg_sys::OIDOID,
+];
+
+/// The settings a type's output may depend on, and the values that make
+/// it canonical.
+const CANONICAL_SETTINGS: [(&CStr, &CStr); 6] = [
+    (c"DateStyle", c"ISO, YMD"),
+    (c"TimeZone", c"UTC"),
+    (c"IntervalStyle", c"postgres"),
+    (c"extra_float_digits", c"1"),
+    (c"bytea_output", c"hex"),
+    (c"lc_monetary", c"C"),
+];
+
+/// The value of a column as its canonical text, in the database's encoding
+/// (allocated in the trigger's memory context), or 22004 if NULL.
 fn column_text<'a>(values: &[pg_sys::Datum], nulls: &[bool], tupdesc: pg_sys::TupleDesc, n: i32, what: &'static str) -> Name<'a> {
     let i = n as usize - 1;
     if nulls[i] {
@@ -73,8 +107,68 @@ fn column_text<'a>(values: &[pg_sys::Datum], nulls: &[bool], tupdesc: pg_sys::Tu
     let typid = unsafe { pg_sys::SPI_gettypeid(tupdesc, n) };
     let (mut output, mut varlena) = (pg_sys::Oid::INVALID, false);
     unsafe { pg_sys::getTypeOutputInfo(typid, &mut output, &mut varlena) };
-    let text: *mut c_char = unsafe { pg_sys::OidOutputFunctionCall(output, values[i]) };
+    let plain = PLAIN_OUTPUT.contains(&unsafe { pg_sys::getBaseType(typid) });
+    let text: *mut c_char = if plain {
+        unsafe { pg_sys::OidOutputFunctionCall(output, values[i]) }
+    } else {
+        // Set for this call only, and put back as they were (an error
+        // meanwhile aborts, which puts them back too).
+        unsafe {
+            let nest = pg_sys::NewGUCNestLevel();
+            for (name, value) in CANONICAL_SETTINGS {
+                pg_sys::set_config_option(
+                    name.as_ptr(),
+                    value.as_ptr(),
+                    pg_sys::GucContext::PGC_USERSET,
+                    pg_sys::GucSource::PGC_S_SESSION,
+                    pg_sys::GucAction::GUC_ACTION_SAVE,
+                    true,
+                    0,
+                    false,
+                );
+            }
+            let text = pg_sys::OidOutputFunctionCall(output, values[i]);
+            pg_sys::AtEOXact_GUC(false, nest);
+            text
+        }
+    };
     Name(unsafe { CStr::from_ptr(text) }.to_bytes())
+}
+
+extern "C-unwind" {
+    /// `numeric(numeric, integer)`, the cast that applies a typmod (the
+    /// bindings wrap it for calls from Rust, not as a function pointer).
+    #[link_name = "numeric"]
+    fn numeric_with_typmod(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum;
+}
+
+/// `value` (of the id column's base type) made a value of the column: its
+/// base type's modifier applied (numeric(p, s): 22003 if it does not fit),
+/// then its domain's constraints checked (23514), as an INSERT would.
+fn coerce_to_column(value: pg_sys::Datum, tupdesc: pg_sys::TupleDesc, n: i32) -> pg_sys::Datum {
+    unsafe {
+        // PgTupleDesc reads the attribute the way each version lays it out.
+        let attribute = PgTupleDesc::from_pg_unchecked(tupdesc);
+        let attr = attribute.get(n as usize - 1).expect("the id column's attribute");
+        let column_type = attr.atttypid;
+        let mut typmod = attr.atttypmod;
+        let base = pg_sys::getBaseTypeAndTypmod(column_type, &mut typmod);
+        let mut value = value;
+        if base == pg_sys::NUMERICOID && typmod >= 0 {
+            // numeric(numeric, integer): the cast that applies a typmod.
+            value = pg_sys::DirectFunctionCall2Coll(
+                Some(numeric_with_typmod),
+                pg_sys::InvalidOid,
+                value,
+                pg_sys::Datum::from(typmod),
+            );
+        }
+        if base != column_type {
+            let mut extra: *mut std::ffi::c_void = std::ptr::null_mut();
+            pg_sys::domain_check(value, false, column_type, &mut extra, pg_sys::CurrentMemoryContext);
+        }
+        value
+    }
 }
 
 /// The id column's type, among those a counter can fill.
@@ -143,7 +237,8 @@ fn assign<'a>(
             TicketError::TriggerMisuse(format!("{function}() must run BEFORE INSERT (or UPDATE) ... FOR EACH ROW")).raise();
         }
         let args = arguments(trigger.trigger(), function);
-        let table = trigger.table_name().unwrap_or_default();
+        // In the database's encoding, which need not be UTF-8: for messages.
+        let table = unsafe { CStr::from_ptr((*(*data.tg_relation).rd_rel).relname.data.as_ptr()) }.to_string_lossy().into_owned();
         let tuple = if op == pg_sys::TRIGGER_EVENT_INSERT { data.tg_trigtuple } else { data.tg_newtuple };
         let tupdesc = unsafe { (*data.tg_relation).rd_att };
 
@@ -171,7 +266,7 @@ fn assign<'a>(
         };
         check_name("queue", queue.bytes()).or_raise();
         check_name("domain", domain.bytes()).or_raise();
-        let id = id_type.datum(allocate(queue, domain), &args.id_column, &table);
+        let id = coerce_to_column(id_type.datum(allocate(queue, domain), &args.id_column, &table), tupdesc, id_n);
 
         let (column, is_null) = (id_n, false);
         let modified = unsafe { pg_sys::heap_modify_tuple_by_cols(tuple, tupdesc, 1, &column as *const i32 as *mut i32, &id as *const _ as *mut _, &is_null as *const bool as *mut bool) };

@@ -31,10 +31,15 @@ pub const TOP_LEVEL: u32 = 1;
 /// beyond this many entries; a small one is kept to avoid reallocating.
 const KEEP_CAPACITY: usize = 256;
 
+/// The state cannot grow: the configured cap, or memory.
 #[derive(Debug, Error, PartialEq, Eq)]
-#[error("this transaction tracks {limit} scopes and savepoint entries, the limit set by pg_ticket.max_transaction_entries")]
-pub struct LimitReached {
-    pub limit: usize,
+pub enum LimitReached {
+    #[error("this transaction tracks {limit} scopes and savepoint entries, the limit set by pg_ticket.max_transaction_entries")]
+    Entries { limit: usize },
+    /// An allocation the state needed failed: an error for this
+    /// transaction, never an abort of the process (SPEC §13.7).
+    #[error("out of memory for this transaction's scopes and savepoint entries ({entries} held)")]
+    Memory { entries: usize },
 }
 
 #[derive(Debug)]
@@ -109,7 +114,7 @@ impl LocalMarks {
 
     fn check_room(&self, more: usize) -> Result<(), LimitReached> {
         if self.entries() + more > self.max_entries {
-            return Err(LimitReached { limit: self.max_entries });
+            return Err(LimitReached::Entries { limit: self.max_entries });
         }
         Ok(())
     }
@@ -131,7 +136,10 @@ impl LocalMarks {
         };
         if subxact != TOP_LEVEL && held.levels.last() != Some(&subxact) {
             if entries >= max_entries {
-                return Some(Err(LimitReached { limit: max_entries }.into()));
+                return Some(Err(LimitReached::Entries { limit: max_entries }.into()));
+            }
+            if held.levels.try_reserve(1).is_err() || self.undo.try_reserve(1).is_err() {
+                return Some(Err(LimitReached::Memory { entries }.into()));
             }
             held.levels.push(subxact);
             self.undo.push(Undo { subxact, key: key.into(), action: Action::Restore(held.current) });
@@ -145,6 +153,11 @@ impl LocalMarks {
     pub fn hold(&mut self, key: &[u8], subxact: u32, stored: Mark, current: Mark) -> Result<(), LimitReached> {
         let nested = subxact != TOP_LEVEL;
         self.check_room(1 + usize::from(nested))?;
+        // The table's and the undo list's growth (the large allocations,
+        // doubling) may fail; everything else is a few bytes.
+        if self.held.try_reserve(1).is_err() || self.undo.try_reserve(1).is_err() {
+            return Err(LimitReached::Memory { entries: self.entries() });
+        }
         let mut levels = Vec::new();
         if nested {
             levels.push(subxact);
@@ -368,9 +381,9 @@ mod tests {
         let mut m = LocalMarks::new(3);
         m.hold(K, TOP_LEVEL, at(0), at(1)).unwrap();
         m.hold(J, 2, at(0), at(1)).unwrap(); // scope + forget entry: 3
-        assert_eq!(m.room_for_new_scope(TOP_LEVEL), Err(LimitReached { limit: 3 }));
-        assert_eq!(m.update(K, 2, |_| Ok(at(2))), Some(Err(LimitReached { limit: 3 })));
-        assert_eq!(m.update(J, 2, |_| Err(LimitReached { limit: 0 })), Some(Err(LimitReached { limit: 0 })), "a refused change");
+        assert_eq!(m.room_for_new_scope(TOP_LEVEL), Err(LimitReached::Entries { limit: 3 }));
+        assert_eq!(m.update(K, 2, |_| Ok(at(2))), Some(Err(LimitReached::Entries { limit: 3 })));
+        assert_eq!(m.update(J, 2, |_| Err(LimitReached::Entries { limit: 0 })), Some(Err(LimitReached::Entries { limit: 0 })), "a refused change");
         assert_eq!(m.update(b"not held", 2, |_| Ok::<_, LimitReached>(at(1))), None);
         assert_eq!(m.mark(K), Some(1), "a refused change changes nothing");
         take(&mut m, K, TOP_LEVEL); // the top level needs no entry

@@ -118,3 +118,53 @@ fn prepare_transaction_waits_for_the_standby_like_commit() {
     admin.batch_execute("ROLLBACK PREPARED 'p1'").unwrap();
     c.stop();
 }
+
+/// Found by review: a transaction's state that could not grow aborted the
+/// backend (a Rust allocation failure), and the postmaster reinitialised
+/// the whole cluster. Now it is an ERROR (53200) for that transaction, and
+/// the cap an ordinary role cannot raise.
+#[test]
+fn running_out_of_memory_for_a_transactions_scopes_is_an_error_not_a_crash() {
+    let c = Cluster::start("oom", 55477, &[]);
+    let mut admin = c.connect();
+    admin.batch_execute("CREATE ROLE oom_plain LOGIN").unwrap();
+    let err = c.connect_as("oom_plain", "postgres").batch_execute("SET pg_ticket.max_transaction_entries = 10000000").unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "an ordinary role may not raise the cap: {err:?}");
+
+    let started: String = admin.query_one("SELECT pg_postmaster_start_time()::text", &[]).unwrap().get(0);
+    let postmaster: i32 = admin.query_one("SELECT pg_backend_pid()", &[]).unwrap().get(0);
+    let postmaster = std::fs::read_to_string(format!("/proc/{postmaster}/status"))
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("PPid:")).map(|l| l[5..].trim().to_string()))
+        .unwrap();
+    let vm_kb: u64 = std::fs::read_to_string(format!("/proc/{postmaster}/status"))
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("VmSize:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .unwrap()
+        .parse()
+        .unwrap();
+    // New backends inherit the postmaster's address-space limit: 48 MB
+    // more than it has, far less than a million scopes need.
+    let limit = (vm_kb + 48 * 1024) * 1024;
+    // The soft limit, as the cluster's OS user (root may lack the capability
+    // to change another user's limits in a container).
+    let prlimit = ["prlimit".to_string(), "--pid".into(), postmaster.clone(), format!("--as={limit}:")];
+    let status = if std::fs::metadata("/proc/self").map(|m| std::os::unix::fs::MetadataExt::uid(&m)).unwrap_or(1) == 0 {
+        std::process::Command::new("runuser").args(["-u", "postgres", "--"]).args(&prlimit).status()
+    } else {
+        std::process::Command::new(&prlimit[0]).args(&prlimit[1..]).status()
+    };
+    assert!(status.unwrap().success(), "prlimit");
+    let mut big = c.connect();
+    big.batch_execute("SET pg_ticket.max_transaction_entries = 10000000; BEGIN").unwrap();
+    let err = big.query_one("SELECT count(next_scoped_id('oom' || g, 'd')) FROM generate_series(1, 1000000) g", &[]).unwrap_err();
+    assert_eq!(sqlstate(&err), "53200", "{err:?}");
+    drop(big);
+    let now: String = c.connect_when_ready().query_one("SELECT pg_postmaster_start_time()::text", &[]).unwrap().get(0);
+    assert_eq!(now, started, "the server was not reinitialised");
+    let restarts = std::fs::read_to_string(c.dir.join("server.log")).unwrap().matches("terminated by signal").count();
+    assert_eq!(restarts, 0, "no backend died");
+    c.stop();
+}

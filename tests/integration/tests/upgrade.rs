@@ -1,9 +1,10 @@
-//! 0.1.0 → 0.2.0 (SPEC §11): a database whose extension was created at
-//! 0.1.0 keeps working on the 0.2.0 library before it is updated, keeps
-//! every mark through `ALTER EXTENSION pg_ticket UPDATE`, and ends with
-//! exactly the objects a fresh `CREATE EXTENSION` of 0.2.0 makes. (The
-//! pg_regress suite on an upgraded database is `UPGRADE_FROM=0.1.0
-//! scripts/regress.sh`, run by `make test`.)
+//! 0.1.0 → 0.2.0 → 0.3.0 and 0.2.0 → 0.3.0 (SPEC §11): a database whose
+//! extension was created at an older release keeps working on the current
+//! library before it is updated, keeps every mark (and live lease) through
+//! `ALTER EXTENSION pg_ticket UPDATE`, and ends with exactly the objects a
+//! fresh `CREATE EXTENSION` makes. (The pg_regress suite on upgraded
+//! databases is `UPGRADE_FROM=0.1.0|0.2.0 scripts/regress.sh`, run by
+//! `make test`.)
 
 use pg_ticket_integration::shared_cluster;
 use postgres::Client;
@@ -42,6 +43,9 @@ UNION ALL
 SELECT format('constraint %s on %s: %s', co.conname, co.conrelid::regclass, pg_get_constraintdef(co.oid))
   FROM pg_constraint co JOIN rels c ON c.oid = co.conrelid
 UNION ALL
+SELECT format('trigger %s enabled=%s', pg_get_triggerdef(t.oid), t.tgenabled)
+  FROM pg_trigger t JOIN rels c ON c.oid = t.tgrelid WHERE NOT t.tgisinternal
+UNION ALL
 SELECT format('view %s: %s', c.oid::regclass, pg_get_viewdef(c.oid)) FROM rels c WHERE c.relkind = 'v'
 UNION ALL
 SELECT format('schema %s acl=%s comment=%s', n.nspname, n.nspacl, obj_description(n.oid, 'pg_namespace'))
@@ -59,6 +63,30 @@ fn objects(client: &mut Client) -> Vec<String> {
     client.query(OBJECTS, &[]).unwrap().iter().map(|r| r.get(0)).collect()
 }
 
+/// The extension's version: the root package's (this crate has its own).
+fn current() -> String {
+    include_str!("../../../Cargo.toml")
+        .lines()
+        .find_map(|line| line.strip_prefix("version = \""))
+        .map(|v| v.trim_end_matches('"').to_string())
+        .expect("the root Cargo.toml has a version")
+}
+
+/// The upgraded database has exactly the objects of the fresh one.
+fn assert_same_objects(upgraded_db: &mut Client, fresh_db: &mut Client) {
+    let (upgraded, fresh) = (objects(upgraded_db), objects(fresh_db));
+    assert!(fresh.len() > 20, "the comparison sees the objects: {fresh:#?}");
+    assert!(fresh.iter().any(|o| o.starts_with("trigger ")), "the comparison sees the triggers: {fresh:#?}");
+    let only_upgraded: Vec<_> = upgraded.iter().filter(|o| !fresh.contains(o)).collect();
+    let only_fresh: Vec<_> = fresh.iter().filter(|o| !upgraded.contains(o)).collect();
+    assert!(
+        only_upgraded.is_empty() && only_fresh.is_empty(),
+        "the upgraded database differs from a fresh {}:\nonly upgraded: {only_upgraded:#?}\nonly fresh: {only_fresh:#?}",
+        current()
+    );
+    assert_eq!(upgraded, fresh);
+}
+
 fn one(client: &mut Client, sql: &str) -> i64 {
     client.query_one(sql, &[]).unwrap_or_else(|e| panic!("{sql}: {e}")).get(0)
 }
@@ -71,7 +99,7 @@ fn an_upgrade_from_0_1_0_keeps_every_mark_and_ends_as_a_fresh_install() {
     admin.batch_execute("CREATE DATABASE fresh").unwrap();
     let started: String = admin.query_one("SELECT pg_postmaster_start_time()::text", &[]).unwrap().get(0);
 
-    // 0.1.0 objects on the 0.2.0 library: every function works.
+    // 0.1.0 objects on the current library: every function works.
     let mut old = c.connect_as("postgres", "upgraded");
     old.batch_execute("CREATE EXTENSION pg_ticket VERSION '0.1.0'").unwrap();
     assert_eq!(old.query_one("SELECT extversion FROM pg_extension WHERE extname = 'pg_ticket'", &[]).unwrap().get::<_, String>(0), "0.1.0");
@@ -89,7 +117,7 @@ fn an_upgrade_from_0_1_0_keeps_every_mark_and_ends_as_a_fresh_install() {
         old.query("SELECT kind || ':' || coalesce(queue, block_name), mark FROM pgticket.marks ORDER BY 1", &[]).unwrap().iter().map(|r| (r.get(0), r.get(1))).collect();
 
     old.batch_execute("ALTER EXTENSION pg_ticket UPDATE").unwrap();
-    assert_eq!(old.query_one("SELECT extversion FROM pg_extension WHERE extname = 'pg_ticket'", &[]).unwrap().get::<_, String>(0), "0.2.0");
+    assert_eq!(old.query_one("SELECT extversion FROM pg_extension WHERE extname = 'pg_ticket'", &[]).unwrap().get::<_, String>(0), current());
     let after: Vec<(String, i64)> =
         old.query("SELECT kind || ':' || coalesce(queue, block_name), mark FROM pgticket.marks ORDER BY 1", &[]).unwrap().iter().map(|r| (r.get(0), r.get(1))).collect();
     assert_eq!(after, before, "every mark kept");
@@ -100,17 +128,35 @@ fn an_upgrade_from_0_1_0_keeps_every_mark_and_ends_as_a_fresh_install() {
 
     let mut new = c.connect_as("postgres", "fresh");
     new.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
-    let (upgraded, fresh) = (objects(&mut old), objects(&mut new));
-    assert!(fresh.len() > 20, "the comparison sees the objects: {fresh:#?}");
-    let only_upgraded: Vec<_> = upgraded.iter().filter(|o| !fresh.contains(o)).collect();
-    let only_fresh: Vec<_> = fresh.iter().filter(|o| !upgraded.contains(o)).collect();
-    assert!(
-        only_upgraded.is_empty() && only_fresh.is_empty(),
-        "the upgraded database differs from a fresh 0.2.0:\nonly upgraded: {only_upgraded:#?}\nonly fresh: {only_fresh:#?}"
-    );
-    assert_eq!(upgraded, fresh);
+    assert_same_objects(&mut old, &mut new);
 
     // A backend crash would have reset every connection, this one included.
     let now: String = admin.query_one("SELECT pg_postmaster_start_time()::text", &[]).expect("no backend crashed").get(0);
     assert_eq!(now, started, "the server was not restarted");
+}
+
+#[test]
+fn an_upgrade_from_0_2_0_keeps_marks_tickets_and_live_leases_and_ends_as_a_fresh_install() {
+    let c = shared_cluster("upgrade", 55435, &[]);
+    let mut admin = c.connect();
+    admin.batch_execute("CREATE DATABASE upgraded_020").unwrap();
+    admin.batch_execute("CREATE DATABASE fresh_030").unwrap();
+    let mut old = c.connect_as("postgres", "upgraded_020");
+    old.batch_execute("CREATE EXTENSION pg_ticket VERSION '0.2.0'").unwrap();
+    assert_eq!(one(&mut old, "SELECT next_scoped_id('up2', 'd')"), 1);
+    assert_eq!(one(&mut old, "SELECT last_id FROM reserve_block('up2', 10)"), 10);
+    let ticket = one(&mut old, "SELECT next_ticket('up2', 'd')");
+    let (id, token): (i32, i64) =
+        old.query_one("SELECT machine_id, lease FROM lease_machine_id('upgrade-holder', '10 minutes')", &[]).map(|r| (r.get(0), r.get(1))).unwrap();
+
+    old.batch_execute("ALTER EXTENSION pg_ticket UPDATE").unwrap();
+    assert_eq!(old.query_one("SELECT extversion FROM pg_extension WHERE extname = 'pg_ticket'", &[]).unwrap().get::<_, String>(0), current());
+    assert_eq!(one(&mut old, "SELECT next_scoped_id('up2', 'd')"), 2, "counting continues");
+    assert_eq!(one(&mut old, "SELECT first_id FROM reserve_block('up2', 5)"), 11);
+    assert!(one(&mut old, "SELECT next_ticket('up2', 'd')") > ticket);
+    old.query_one("SELECT renew_machine_id($1, $2, '10 minutes')", &[&id, &token]).expect("the live lease is kept and renewed");
+
+    let mut new = c.connect_as("postgres", "fresh_030");
+    new.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
+    assert_same_objects(&mut old, &mut new);
 }

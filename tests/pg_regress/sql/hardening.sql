@@ -25,15 +25,33 @@ SELECT next_scoped_id('ro', 'a');
 ROLLBACK;
 SELECT next_scoped_id('ro', 'a') AS next_after_rollback;
 
--- A mark's row deleted behind the functions' back is an error at commit,
--- never a silent loss of the values taken from it.
-BEGIN;
+-- 0.3.0: marks only move forward and are never emptied: DELETE, TRUNCATE
+-- and a lowering UPDATE of the state tables are refused (55000), even by
+-- their owner, so no value handed out can be handed out again.
 SELECT next_scoped_id('gone', 'a');
+SELECT first_id FROM reserve_block('gone', 5);
 DELETE FROM pgticket.scoped_counters WHERE queue = 'gone';
-SELECT next_scoped_id('gone', 'a');
+TRUNCATE pgticket.blocks;
+UPDATE pgticket.blocks SET mark = 0 WHERE name = 'gone';
+UPDATE pgticket.scoped_counters SET queue = 'renamed' WHERE queue = 'gone';
+UPDATE pgticket.blocks SET name = 'renamed' WHERE name = 'gone';
+TRUNCATE pgticket.tickets;
+SET session_replication_role = replica;
+DELETE FROM pgticket.scoped_counters WHERE queue = 'gone';
+RESET session_replication_role;
+UPDATE pgticket.blocks SET mark = mark + 10 WHERE name = 'gone';
+SELECT next_scoped_id('gone', 'a') AS continues, first_id AS above_the_raised_mark FROM reserve_block('gone', 1);
+-- If the row goes anyway (an owner who disabled the trigger), values taken
+-- from it are an error at commit, never a silent loss.
+BEGIN;
+SELECT next_scoped_id('gone2', 'a');
+ALTER TABLE pgticket.scoped_counters DISABLE TRIGGER never_emptied;
+DELETE FROM pgticket.scoped_counters WHERE queue = 'gone2';
+ALTER TABLE pgticket.scoped_counters ENABLE ALWAYS TRIGGER never_emptied;
+SELECT next_scoped_id('gone2', 'a');
 COMMIT;
 \echo :LAST_ERROR_SQLSTATE
-SELECT current_scoped_id('gone', 'a') AS nothing_committed;
+SELECT current_scoped_id('gone2', 'a') AS nothing_committed;
 
 -- Session settings (they exist without preloading too).
 SHOW pg_ticket.durable_commit;
@@ -92,6 +110,16 @@ SELECT * FROM reserve_block('bloc_é', 5);
 SELECT current_scoped_id('café', 'd'), current_block_mark('bloc_é');
 SELECT kind, queue, domain, block_name, mark FROM pgticket.marks ORDER BY kind, queue, block_name;
 SELECT octet_length(queue) AS latin1_bytes FROM pgticket.scoped_counters WHERE queue = 'café';
+-- The trigger helpers on a table whose name is not ASCII (0.2.0: XX000
+-- from reading the LATIN1 name as UTF-8).
+CREATE TABLE "facturé" (no bigint, shop text);
+CREATE TRIGGER number_it BEFORE INSERT ON "facturé" FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'shop', 'facture');
+CREATE TRIGGER ticket_it BEFORE INSERT ON "facturé" FOR EACH ROW EXECUTE FUNCTION assign_ticket('no', 'shop', 'facture');
+INSERT INTO "facturé" (shop) VALUES ('boutique');
+SELECT no FROM "facturé";
+CREATE TABLE "mal_nommé" (no bigint, shop text);
+CREATE TRIGGER number_it BEFORE INSERT ON "mal_nommé" FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('numéro', 'shop', 'facture');
+INSERT INTO "mal_nommé" (shop) VALUES ('boutique');
 \c regression
 DROP DATABASE pgt_latin1;
 -- The same names in this UTF-8 database.

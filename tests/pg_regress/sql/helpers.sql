@@ -127,3 +127,49 @@ SELECT next_scoped_id('t32', 'd');
 ROLLBACK;
 SELECT refusals_read_only FROM pgticket.status;
 DROP ROLE status_reader;
+
+-- 0.3.0: a scope taken from a column is its canonical text, whatever the
+-- session's settings (0.2.0: '2026-03-01' and '01/03/2026' were two scopes
+-- for one day, and invoice 1 came twice).
+CREATE TABLE daily_h (no bigint, shop text, day date, at timestamptz, ratio float8);
+CREATE TRIGGER number_daily BEFORE INSERT ON daily_h
+    FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'shop', 'column', 'day');
+CREATE TABLE at_h (no bigint, at timestamptz);
+CREATE TRIGGER number_at BEFORE INSERT ON at_h
+    FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'at', 'moment');
+SET DateStyle = 'ISO, YMD';
+INSERT INTO daily_h (shop, day) VALUES ('s1', '2026-03-01');
+SET DateStyle = 'SQL, DMY';
+INSERT INTO daily_h (shop, day) VALUES ('s1', '2026-03-01');
+SET DateStyle = 'German';
+INSERT INTO daily_h (shop, day) VALUES ('s1', '2026-03-01');
+RESET DateStyle;
+SELECT no FROM daily_h ORDER BY no;
+SELECT domain, mark FROM pgticket.marks WHERE queue = 's1';
+SET TimeZone = 'America/New_York';
+INSERT INTO at_h (at) VALUES ('2026-03-01 12:00:00+00');
+SET TimeZone = 'Asia/Tokyo';
+INSERT INTO at_h (at) VALUES ('2026-03-01 12:00:00+00');
+SHOW TimeZone;
+RESET TimeZone;
+SELECT no FROM at_h ORDER BY no;
+SELECT queue, mark FROM pgticket.marks WHERE domain = 'moment';
+
+-- The value written respects the column's type modifier and domain, as an
+-- INSERT of it would (0.2.0 stored 1000 in numeric(3,0), and 101 in a
+-- domain that allows 1..100).
+CREATE TABLE narrow_h (no numeric(3,0), k text);
+CREATE TRIGGER number_narrow BEFORE INSERT ON narrow_h FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'k', 'narrow');
+SELECT advance_scoped_id('n', 'narrow', 997);
+INSERT INTO narrow_h (k) VALUES ('n'), ('n');
+INSERT INTO narrow_h (k) VALUES ('n');
+\echo :LAST_ERROR_SQLSTATE
+SELECT no FROM narrow_h ORDER BY no;
+CREATE DOMAIN percent_h AS integer CHECK (VALUE BETWEEN 1 AND 100);
+CREATE TABLE pct_h (no percent_h, k text);
+CREATE TRIGGER number_pct BEFORE INSERT ON pct_h FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'k', 'pct');
+SELECT advance_scoped_id('p', 'pct', 99);
+INSERT INTO pct_h (k) VALUES ('p');
+INSERT INTO pct_h (k) VALUES ('p');
+\echo :LAST_ERROR_SQLSTATE
+SELECT no FROM pct_h ORDER BY no;

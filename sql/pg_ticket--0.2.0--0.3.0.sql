@@ -1,0 +1,53 @@
+-- pg_ticket 0.2.0 -> 0.3.0 (ALTER EXTENSION pg_ticket UPDATE). What changed is
+-- listed in CHANGELOG.md; the library's changes take effect after its
+-- install and a restart (install, restart, then update).
+\echo Use "ALTER EXTENSION pg_ticket UPDATE" to load this file. \quit
+
+-- 0.3.0: a mark never moves back, and no row or table of marks is emptied
+-- (SPEC §13.10): a value handed out must never be handed out again, and a
+-- cache (the tickets' shared memory, a client's block) may still hold
+-- values above a row that is gone. TRUNCATE, DELETE and an UPDATE that
+-- lowers a mark or renames its scope (the old name would count from 1
+-- again) are refused; ENABLE ALWAYS, so session_replication_role
+-- does not skip them. To start a state over, DROP EXTENSION and CREATE
+-- EXTENSION (a new extension is a new life); an owner who must remove rows
+-- anyway disables the trigger for that statement, knowing the risk.
+CREATE FUNCTION pgticket.refuse_rewind() RETURNS trigger
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    RAISE EXCEPTION 'pg_ticket: % on %.% would let values be handed out again',
+                    TG_OP, TG_TABLE_SCHEMA, TG_TABLE_NAME
+        USING ERRCODE = 'object_not_in_prerequisite_state',
+              DETAIL = 'Marks only move forward, a scope keeps its name, and no row or table of marks is emptied.',
+              HINT = 'Move a mark with the advance_* functions; start over with DROP EXTENSION pg_ticket and CREATE EXTENSION pg_ticket.';
+END $$;
+COMMENT ON FUNCTION pgticket.refuse_rewind() IS
+    'Trigger: refuses TRUNCATE, DELETE and lowering UPDATE of pg_ticket''s marks';
+REVOKE ALL ON FUNCTION pgticket.refuse_rewind() FROM PUBLIC;
+CREATE TRIGGER forward_only BEFORE UPDATE ON pgticket.scoped_counters
+    FOR EACH ROW WHEN (NEW.mark < OLD.mark OR NEW.queue IS DISTINCT FROM OLD.queue OR NEW.domain IS DISTINCT FROM OLD.domain)
+    EXECUTE FUNCTION pgticket.refuse_rewind();
+CREATE TRIGGER never_emptied BEFORE DELETE ON pgticket.scoped_counters
+    FOR EACH ROW EXECUTE FUNCTION pgticket.refuse_rewind();
+CREATE TRIGGER never_truncated BEFORE TRUNCATE ON pgticket.scoped_counters
+    FOR EACH STATEMENT EXECUTE FUNCTION pgticket.refuse_rewind();
+CREATE TRIGGER forward_only BEFORE UPDATE ON pgticket.blocks
+    FOR EACH ROW WHEN (NEW.mark < OLD.mark OR NEW.name IS DISTINCT FROM OLD.name)
+    EXECUTE FUNCTION pgticket.refuse_rewind();
+CREATE TRIGGER never_emptied BEFORE DELETE ON pgticket.blocks
+    FOR EACH ROW EXECUTE FUNCTION pgticket.refuse_rewind();
+CREATE TRIGGER never_truncated BEFORE TRUNCATE ON pgticket.blocks
+    FOR EACH STATEMENT EXECUTE FUNCTION pgticket.refuse_rewind();
+CREATE TRIGGER forward_only BEFORE UPDATE ON pgticket.tickets
+    FOR EACH ROW WHEN (NEW.mark < OLD.mark OR NEW.queue IS DISTINCT FROM OLD.queue OR NEW.domain IS DISTINCT FROM OLD.domain)
+    EXECUTE FUNCTION pgticket.refuse_rewind();
+CREATE TRIGGER never_emptied BEFORE DELETE ON pgticket.tickets
+    FOR EACH ROW EXECUTE FUNCTION pgticket.refuse_rewind();
+CREATE TRIGGER never_truncated BEFORE TRUNCATE ON pgticket.tickets
+    FOR EACH STATEMENT EXECUTE FUNCTION pgticket.refuse_rewind();
+ALTER TABLE pgticket.scoped_counters ENABLE ALWAYS TRIGGER forward_only, ENABLE ALWAYS TRIGGER never_emptied,
+    ENABLE ALWAYS TRIGGER never_truncated;
+ALTER TABLE pgticket.blocks ENABLE ALWAYS TRIGGER forward_only, ENABLE ALWAYS TRIGGER never_emptied,
+    ENABLE ALWAYS TRIGGER never_truncated;
+ALTER TABLE pgticket.tickets ENABLE ALWAYS TRIGGER forward_only, ENABLE ALWAYS TRIGGER never_emptied,
+    ENABLE ALWAYS TRIGGER never_truncated;
