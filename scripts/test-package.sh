@@ -19,7 +19,10 @@ $SUDO rm -f "$libdir/pg_ticket.so" "$extdir"/pg_ticket.control "$extdir"/pg_tick
 $SUDO dpkg -i "$deb" >/dev/null
 echo "test-package: installed $(basename "$deb"); its files:"
 dpkg -L postgresql-15-pg-ticket | grep -E 'pg_ticket(\.so|\.control|--)' | sed 's/^/  /'
-for f in "$libdir/pg_ticket.so" "$extdir/pg_ticket.control" "$extdir/pg_ticket--$version.sql" "$extdir/pg_ticket--0.1.0--$version.sql"; do
+# The library, the install script, and the upgrade scripts of every release
+# (0.1.0 -> 0.2.0 -> ...), so an installed older version can be updated.
+for f in "$libdir/pg_ticket.so" "$extdir/pg_ticket.control" "$extdir/pg_ticket--$version.sql" "$root"/sql/pg_ticket--*--*.sql; do
+    case "$f" in "$root"/sql/*) f="$extdir/$(basename "$f")" ;; esac
     dpkg -S "$f" >/dev/null || { echo "test-package: $f does not come from the package" >&2; exit 1; }
 done
 status=0
