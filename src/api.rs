@@ -8,8 +8,8 @@ use pgrx::prelude::*;
 use crate::counters::{self, Kind};
 use crate::errors::{postgres_errors_as_raised, OrRaise, TicketError};
 use crate::names::Name;
-use crate::snowflake;
-use ticket_core::counter::{check_block_size, check_name};
+use crate::{settings, snowflake};
+use ticket_core::counter::{check_block_size, check_name, CounterError};
 
 /// A required argument, or 22004.
 pub(crate) fn required<T>(what: &'static str, value: Option<T>) -> T {
@@ -49,6 +49,10 @@ fn reserve_block(
         let name = name_arg("name", name);
         let size = required("size", size);
         check_block_size(size).or_raise();
+        let ceiling = settings::max_block_size();
+        if size > ceiling {
+            TicketError::from(CounterError::SizeOverCeiling { size, limit: ceiling }).raise();
+        }
         let last = counters::take(Kind::Block, name, NO_NAME, size).or_raise();
         TableIterator::once((last - size + 1, last))
     })

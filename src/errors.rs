@@ -43,6 +43,9 @@ pub enum TicketError {
     NoMachineLease(String),
     #[error("{value} does not fit the {type_name} column {column:?} of table {table:?}")]
     ValueDoesNotFit { value: i64, column: String, table: String, type_name: &'static str },
+    /// A state table that cannot be used as it is (unlogged, moved).
+    #[error("{0}")]
+    StateTableUnfit(String),
 }
 
 impl TicketError {
@@ -64,9 +67,9 @@ impl TicketError {
             TicketError::TooManyEntries(LimitReached::Memory { .. }) => ERRCODE_OUT_OF_MEMORY,
             TicketError::Tickets(TicketsError::Overflow { .. }) => ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED,
             TicketError::Tickets(TicketsError::BadSeries { .. }) => ERRCODE_INVALID_PARAMETER_VALUE,
-            TicketError::Tickets(TicketsError::OtherSeries { .. }) | TicketError::TicketsUnavailable(_) => {
-                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
-            }
+            TicketError::Tickets(TicketsError::OtherSeries { .. })
+            | TicketError::TicketsUnavailable(_)
+            | TicketError::StateTableUnfit(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             TicketError::TriggerMisuse(_) => ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
             TicketError::NoSuchColumn { .. } => ERRCODE_UNDEFINED_COLUMN,
             TicketError::WrongColumnType { .. } => ERRCODE_DATATYPE_MISMATCH,

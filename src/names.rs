@@ -50,6 +50,18 @@ impl<'a> Name<'a> {
 
     /// For messages: readable whatever the encoding (not for keys).
     pub fn display(self) -> String {
-        String::from_utf8_lossy(self.0).into_owned()
+        for_message(self.0)
+    }
+}
+
+/// Bytes in the database's encoding, for a message that PostgreSQL sends
+/// as that encoding: as they are in a UTF-8 database; elsewhere non-ASCII
+/// bytes are escaped (`\xe9`), since a message must be valid in the
+/// database's encoding or the client gets 22021 instead of the error.
+pub fn for_message(bytes: &[u8]) -> String {
+    if unsafe { pg_sys::GetDatabaseEncoding() } == pg_sys::pg_enc::PG_UTF8 as i32 {
+        String::from_utf8_lossy(bytes).into_owned()
+    } else {
+        bytes.escape_ascii().to_string()
     }
 }

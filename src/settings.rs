@@ -28,6 +28,8 @@ static MACHINE_ID: GucSetting<i32> = GucSetting::<i32>::new(0);
 static EPOCH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"2026-01-01"));
 static DURABLE_COMMIT: GucSetting<bool> = GucSetting::<bool>::new(true);
 static MAX_TRANSACTION_ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(100_000);
+static MAX_BLOCK_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1_000_000_000);
+static MAX_TICKET_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(4);
 static TICKET_CACHE_SCOPES: GucSetting<i32> = GucSetting::<i32>::new(1024);
 static TICKET_STEP_MIN: GucSetting<i32> = GucSetting::<i32>::new(100);
 static TICKET_STEP_MAX: GucSetting<i32> = GucSetting::<i32>::new(10_000);
@@ -69,7 +71,17 @@ pub fn init() {
         c"Past it an allocation fails with 54000; bounds memory that PostgreSQL does not account for (about 150 bytes an entry). Superusers only: raising it lets one session take that much memory.",
         &MAX_TRANSACTION_ENTRIES,
         10,
-        10_000_000,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_ticket.max_block_size",
+        c"Most IDs one reserve_block() call may reserve.",
+        c"A ceiling set by a superuser, so that one role cannot exhaust a block name for everyone in a few calls.",
+        &MAX_BLOCK_SIZE,
+        1,
+        i32::MAX,
         GucContext::Suset,
         GucFlags::default(),
     );
@@ -183,6 +195,16 @@ pub fn init() {
         1,
         TICKET_SERIES_MAX as i32,
         GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_ticket.max_ticket_workers",
+        c"Most databases served by a ticket worker at once (each is a background worker slot).",
+        c"Keep max_worker_processes at least max_parallel_workers plus this plus what other extensions use.",
+        &MAX_TICKET_WORKERS,
+        1,
+        crate::tickets::MAX_WORKERS as i32,
+        GucContext::Sighup,
         GucFlags::default(),
     );
     GucRegistry::define_int_guc(
@@ -416,4 +438,13 @@ pub fn ticket_step_bounds() -> (i64, i64) {
 
 pub fn ticket_wait_timeout() -> std::time::Duration {
     std::time::Duration::from_millis(TICKET_WAIT_TIMEOUT.get() as u64)
+}
+
+pub fn max_block_size() -> i64 {
+    i64::from(MAX_BLOCK_SIZE.get())
+}
+
+/// At most this many ticket workers at once (reloadable).
+pub fn max_ticket_workers() -> usize {
+    MAX_TICKET_WORKERS.get() as usize
 }

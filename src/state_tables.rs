@@ -47,7 +47,12 @@ thread_local! {
 
 /// The tables as they are now; an error if the extension's tables are gone.
 pub fn current() -> Tables {
-    lookup().unwrap_or_else(|| pgrx::error!("pg_ticket: the extension's state tables are missing; run CREATE EXTENSION pg_ticket"))
+    lookup().unwrap_or_else(|| {
+        crate::errors::TicketError::StateTableUnfit(
+            "pg_ticket: the extension's state tables are missing; run CREATE EXTENSION pg_ticket".into(),
+        )
+        .raise()
+    })
 }
 
 /// The tickets table as it is now.
@@ -78,7 +83,8 @@ pub fn lookup() -> Option<Tables> {
         let rows = client.select(
             "SELECT c.relname::pg_catalog.text, c.oid, c.relowner, EXISTS (SELECT FROM pg_catalog.pg_attribute a \
                       WHERE a.attrelid OPERATOR(pg_catalog.=) c.oid AND a.attname OPERATOR(pg_catalog.=) 'max_mark' \
-                        AND NOT a.attisdropped) \
+                        AND NOT a.attisdropped), \
+                    c.relpersistence::pg_catalog.text, c.relnamespace::pg_catalog.regnamespace::pg_catalog.text \
                FROM pg_catalog.pg_extension e \
                JOIN pg_catalog.pg_depend d ON d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass \
                     AND d.refobjid OPERATOR(pg_catalog.=) e.oid AND d.deptype OPERATOR(pg_catalog.=) 'e' \
@@ -92,6 +98,9 @@ pub fn lookup() -> Option<Tables> {
         for row in rows {
             let name: String = row.get(1)?.unwrap_or_default();
             let table = Table { oid: row.get(2)?.expect("oid"), owner: row.get(3)?.expect("relowner") };
+            let persistence: String = row.get(5)?.unwrap_or_default();
+            let schema: String = row.get(6)?.unwrap_or_default();
+            refuse_unfit(&name, &persistence, &schema);
             match name.as_str() {
                 "scoped_counters" => {
                     scoped_counters = Some(table);
@@ -111,6 +120,26 @@ pub fn lookup() -> Option<Tables> {
     .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot look up the state tables: {e}"));
     CACHE.set(found);
     found
+}
+
+/// A state table that cannot keep its promise is refused, not used (SPEC
+/// §13.10): an unlogged one loses its marks in a crash (counting from 1
+/// again), and the statements name the schema `pgticket`.
+fn refuse_unfit(table: &str, persistence: &str, schema: &str) {
+    use crate::errors::TicketError;
+    if persistence != "p" {
+        TicketError::StateTableUnfit(format!(
+            "pg_ticket: the state table {schema}.{table} is not a permanent table (a crash would lose its marks); \
+             run ALTER TABLE {schema}.{table} SET LOGGED"
+        ))
+        .raise();
+    }
+    if schema != "pgticket" {
+        TicketError::StateTableUnfit(format!(
+            "pg_ticket: its state tables are in schema {schema}, not pgticket; run ALTER SCHEMA {schema} RENAME TO pgticket"
+        ))
+        .raise();
+    }
 }
 
 unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid: pg_sys::Oid) {

@@ -31,7 +31,7 @@ use std::ffi::{c_char, CStr, CString};
 
 use crate::counters::{self, Kind};
 use crate::errors::{postgres_errors_as_raised, OrRaise, TicketError};
-use crate::names::Name;
+use crate::names::{for_message, Name};
 use ticket_core::counter::check_name;
 
 /// Where the domain comes from.
@@ -66,7 +66,7 @@ fn arguments(trigger: &pg_sys::Trigger, function: &str) -> Arguments {
 fn attnum(tupdesc: pg_sys::TupleDesc, column: &CStr, table: &str) -> i32 {
     let n = unsafe { pg_sys::SPI_fnumber(tupdesc, column.as_ptr()) };
     if n <= 0 {
-        TicketError::NoSuchColumn { column: column.to_string_lossy().into_owned(), table: table.to_owned() }.raise();
+        TicketError::NoSuchColumn { column: for_message(column.to_bytes()), table: table.to_owned() }.raise();
     }
     n
 }
@@ -88,7 +88,10 @@ const PLAIN_OUTPUT: [pg_sys::Oid; 11] = [
 
 /// The settings a type's output may depend on, and the values that make
 /// it canonical.
-const CANONICAL_SETTINGS: [(&CStr, &CStr); 6] = [
+const CANONICAL_SETTINGS: [(&CStr, &CStr); 8] = [
+    // reg* types print names relative to the path, quoted by this.
+    (c"search_path", c"pg_catalog"),
+    (c"quote_all_identifiers", c"off"),
     (c"DateStyle", c"ISO, YMD"),
     (c"TimeZone", c"UTC"),
     (c"IntervalStyle", c"postgres"),
@@ -140,12 +143,15 @@ extern "C-unwind" {
     /// bindings wrap it for calls from Rust, not as a function pointer).
     #[link_name = "numeric"]
     fn numeric_with_typmod(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum;
+    /// `int8(numeric)`.
+    #[link_name = "numeric_int8"]
+    fn numeric_to_int8(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum;
 }
 
 /// `value` (of the id column's base type) made a value of the column: its
 /// base type's modifier applied (numeric(p, s): 22003 if it does not fit),
 /// then its domain's constraints checked (23514), as an INSERT would.
-fn coerce_to_column(value: pg_sys::Datum, tupdesc: pg_sys::TupleDesc, n: i32) -> pg_sys::Datum {
+fn coerce_to_column(allocated: i64, value: pg_sys::Datum, tupdesc: pg_sys::TupleDesc, n: i32, column: &CStr, table: &str) -> pg_sys::Datum {
     unsafe {
         // PgTupleDesc reads the attribute the way each version lays it out.
         let attribute = PgTupleDesc::from_pg_unchecked(tupdesc);
@@ -162,6 +168,20 @@ fn coerce_to_column(value: pg_sys::Datum, tupdesc: pg_sys::TupleDesc, n: i32) ->
                 value,
                 pg_sys::Datum::from(typmod),
             );
+        }
+        if base == pg_sys::NUMERICOID && typmod >= 0 {
+            // A negative scale rounds (numeric(3,-1): 11 is 10): two values
+            // would become one ID. Written only if it is the value taken.
+            let written = pg_sys::DirectFunctionCall1Coll(Some(numeric_to_int8), pg_sys::InvalidOid, value);
+            if written.value() as i64 != allocated {
+                TicketError::ValueDoesNotFit {
+                    value: allocated,
+                    column: for_message(column.to_bytes()),
+                    table: table.to_owned(),
+                    type_name: "numeric of this scale (it would be rounded)",
+                }
+                .raise();
+            }
         }
         if base != column_type {
             let mut extra: *mut std::ffi::c_void = std::ptr::null_mut();
@@ -189,9 +209,9 @@ impl IdType {
             pg_sys::INT2OID => IdType::SmallInt,
             pg_sys::NUMERICOID => IdType::Numeric,
             other => TicketError::WrongColumnType {
-                column: column.to_string_lossy().into_owned(),
+                column: for_message(column.to_bytes()),
                 table: table.to_owned(),
-                type_name: unsafe { CStr::from_ptr(pg_sys::format_type_be(other)) }.to_string_lossy().into_owned(),
+                type_name: for_message(unsafe { CStr::from_ptr(pg_sys::format_type_be(other)) }.to_bytes()),
             }
             .raise(),
         }
@@ -200,7 +220,7 @@ impl IdType {
     /// `value` as a datum of this type, or 22003 if it does not fit.
     fn datum(self, value: i64, column: &CStr, table: &str) -> pg_sys::Datum {
         let too_big = |type_name: &'static str| -> ! {
-            TicketError::ValueDoesNotFit { value, column: column.to_string_lossy().into_owned(), table: table.to_owned(), type_name }
+            TicketError::ValueDoesNotFit { value, column: for_message(column.to_bytes()), table: table.to_owned(), type_name }
                 .raise()
         };
         match self {
@@ -238,7 +258,7 @@ fn assign<'a>(
         }
         let args = arguments(trigger.trigger(), function);
         // In the database's encoding, which need not be UTF-8: for messages.
-        let table = unsafe { CStr::from_ptr((*(*data.tg_relation).rd_rel).relname.data.as_ptr()) }.to_string_lossy().into_owned();
+        let table = for_message(unsafe { CStr::from_ptr((*(*data.tg_relation).rd_rel).relname.data.as_ptr()) }.to_bytes());
         let tuple = if op == pg_sys::TRIGGER_EVENT_INSERT { data.tg_trigtuple } else { data.tg_newtuple };
         let tupdesc = unsafe { (*data.tg_relation).rd_att };
 
@@ -266,7 +286,8 @@ fn assign<'a>(
         };
         check_name("queue", queue.bytes()).or_raise();
         check_name("domain", domain.bytes()).or_raise();
-        let id = coerce_to_column(id_type.datum(allocate(queue, domain), &args.id_column, &table), tupdesc, id_n);
+        let allocated = allocate(queue, domain);
+        let id = coerce_to_column(allocated, id_type.datum(allocated, &args.id_column, &table), tupdesc, id_n, &args.id_column, &table);
 
         let (column, is_null) = (id_n, false);
         let modified = unsafe { pg_sys::heap_modify_tuple_by_cols(tuple, tupdesc, 1, &column as *const i32 as *mut i32, &id as *const _ as *mut _, &is_null as *const bool as *mut bool) };

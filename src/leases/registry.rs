@@ -181,12 +181,18 @@ fn lock_lease(client: &mut SpiClient<'_>, machine_id: u16, skip_locked: bool) ->
 }
 
 /// Runs `f` as the tables' owner with SPI connected; a failed statement is
-/// PostgreSQL's error, raised as it raised it.
+/// PostgreSQL's error, raised as it raised it. What it changed commits
+/// durably (SPEC §8 rule 4: a holder believes only committed replies) —
+/// set here, after the owner's block, whose settings are undone with it.
 fn with_registry<R>(f: impl FnOnce(&mut SpiClient<'_>) -> Result<Result<R, TicketError>, SpiError>) -> Result<R, TicketError> {
     xact::check_writable()?;
-    crate::state_tables::as_owner_of(crate::state_tables::machine_id_leases(), || {
+    let outcome = crate::state_tables::as_owner_of(crate::state_tables::machine_id_leases(), || {
         Spi::connect_mut(|client| f(client)).unwrap_or_else(|e| pgrx::error!("pg_ticket: the lease registry: {e}"))
-    })
+    });
+    if outcome.is_ok() {
+        xact::make_commit_durable();
+    }
+    outcome
 }
 
 pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
@@ -249,7 +255,6 @@ pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
                 continue;
             }
             let lease = granted.first().get_one::<i64>()?.expect("a granted lease has a token");
-            xact::make_commit_durable();
             return Ok(Ok(Grant {
                 machine_id: id,
                 lease,
@@ -285,7 +290,6 @@ pub fn renew(machine_id: u16, lease: i64, ttl_ms: i64, last_issued_ms: Option<i6
             None,
             &[i32::from(machine_id).into(), ts(expires_at_ms), last_issued_ms.into()],
         )?;
-        xact::make_commit_durable();
         Ok(Ok(expires_at_ms))
     })
 }
@@ -323,7 +327,6 @@ pub fn revoke(machine_id: u16) -> Result<bool, TicketError> {
             None,
             &[i32::from(machine_id).into(), ts(now_ms)],
         )?;
-        xact::make_commit_durable();
         Ok(Ok(true))
     })
 }

@@ -69,22 +69,31 @@ impl MarkStore for WalMarkStore {
         // A checkpoint may not start between the record and the file write
         // (a base backup whose start checkpoint fell between them would copy
         // the old file and never replay the record), as PostgreSQL guards
-        // its own record-then-file writes.
-        let _no_checkpoint = DelayCheckpointStart::new();
-        let lsn = unsafe {
-            let bytes = reserved_until_unix_ms.to_le_bytes();
-            pg_sys::XLogBeginInsert();
-            pg_sys::XLogRegisterData(bytes.as_ptr() as _, bytes.len() as _);
-            let lsn = pg_sys::XLogInsert(RMGR_ID, XLOG_MARK);
-            pg_sys::XLogFlush(lsn);
+        // its own record-then-file writes; held for those two writes only,
+        // never across the standby wait below: the checkpointer is also what
+        // applies a changed synchronous_standby_names and releases waiters.
+        let lsn = {
+            let _no_checkpoint = DelayCheckpointStart::new();
+            let lsn = unsafe {
+                let bytes = reserved_until_unix_ms.to_le_bytes();
+                pg_sys::XLogBeginInsert();
+                pg_sys::XLogRegisterData(bytes.as_ptr() as _, bytes.len() as _);
+                let lsn = pg_sys::XLogInsert(RMGR_ID, XLOG_MARK);
+                pg_sys::XLogFlush(lsn);
+                lsn
+            };
+            file().save(reserved_until_unix_ms)?;
             lsn
         };
+        // A mark in the file that no ID uses yet is harmless (higher is
+        // always safe); no ID is stamped under it until the standbys have
+        // it: the caller raises its reservation only on Ok.
         if !crate::xact::wait_for_synchronous_standbys(lsn) {
             return Err("the synchronous standbys did not confirm the new snowflake mark (the wait was cancelled or \
                         the session is ending): no ID is stamped under it"
                 .into());
         }
-        file().save(reserved_until_unix_ms)
+        Ok(())
     }
 
     fn location(&self) -> String {

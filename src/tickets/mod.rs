@@ -17,6 +17,8 @@
 mod shmem;
 mod worker;
 
+pub use shmem::MAX_WORKERS;
+
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::cell::RefCell;

@@ -22,7 +22,7 @@
 //! §13.4), never as the bootstrap superuser it connects as. One scope never
 //! holds up another (§13.5): rows are locked with SKIP LOCKED (a locked
 //! scope is tried again at the next pass while a backend waits for it), and
-//! `lock_timeout` bounds the one wait left, an uncommitted insert of the
+//! `lock_timeout` (10 ms) bounds the one wait left, an uncommitted insert of the
 //! same scope.
 
 use pgrx::bgworkers::{BackgroundWorker, BackgroundWorkerBuilder, SignalWakeFlags};
@@ -51,8 +51,11 @@ const FAST_MS: u64 = 1_000;
 const SLOW_MS: u64 = 30_000;
 
 /// The longest a worker's statement waits for a lock: an insert of a
-/// scope that another transaction inserted and has not committed.
-const LOCK_TIMEOUT: &std::ffi::CStr = c"200ms";
+/// scope that another transaction inserted and has not committed (only
+/// `advance_ticket` inserts besides the worker). Short, because every
+/// scope of the database waits behind it; the scope is then tried again
+/// while someone waits for it.
+const LOCK_TIMEOUT: &std::ffi::CStr = c"10ms";
 
 /// Make sure the worker of `db` runs, and wake it.
 pub fn wake(db: u32) -> Result<(), TicketError> {
@@ -90,10 +93,12 @@ fn start(db: u32) -> Result<(), TicketError> {
             free.get_or_insert(w);
         }
     }
-    let Some(w) = free else {
+    let cap = settings::max_ticket_workers();
+    let running = workers.iter().filter(|w| w.db.load(Ordering::Acquire) != 0).count();
+    let Some(w) = free.filter(|_| running < cap) else {
         return Err(TicketError::TicketsUnavailable(format!(
-            "ticket workers serve at most {} databases at once, and that many are running",
-            shmem::MAX_WORKERS
+            "ticket workers serve at most pg_ticket.max_ticket_workers ({cap}) databases at once, and that many are running; \
+             a worker idle for 10 s exits"
         )));
     };
     w.pid.store(0, Ordering::Release);
@@ -246,13 +251,21 @@ fn serve(db: u32) -> bool {
     }
     // Scopes found locked before are tried alone, after the others are
     // installed and their waiters woken: a locked scope delays only itself.
+    // They are tried for BUSY_PASS at most a pass; the rest stay asked for.
     let (busy, together): (Vec<Wanted>, Vec<Wanted>) = wanted.into_iter().partition(|w| w.busy);
     install(&together, reserve_together(&together, series), (min, max));
+    let started = std::time::Instant::now();
     for request in &busy {
+        if started.elapsed() > BUSY_PASS {
+            break;
+        }
         install(std::slice::from_ref(request), vec![reserve_alone(request, series)], (min, max));
     }
     true
 }
+
+/// How long one pass spends on scopes found locked before.
+const BUSY_PASS: Duration = Duration::from_millis(50);
 
 /// Put each reservation in its slot (if the slot still holds the scope it
 /// was asked for) and wake the waiters.
@@ -394,15 +407,15 @@ enum NotDone {
     /// Rolled back after `lock_timeout`: another transaction inserted the
     /// scope and has not committed.
     LockTimeout,
-    /// Committed here, but the synchronous standbys' confirmation was
-    /// cancelled: nothing of it may be handed out.
-    NotReplicated,
 }
 
 /// Runs `f` in a transaction of its own, as the owner of the tickets table,
-/// and commits it (with `synchronous_commit = on`: flushed, and confirmed by
-/// the synchronous standbys if any — see `xact::commit_confirmed_by_standbys`).
-fn in_transaction<T>(f: impl FnOnce(&mut pgrx::spi::SpiClient<'_>, u32) -> Result<T, pgrx::spi::Error>) -> Result<T, NotDone> {
+/// and commits it (with `synchronous_commit = on`: flushed, and waited for
+/// by the synchronous standbys if any). Returns what `f` returned and
+/// whether the standbys confirmed the commit (`xact::commit_confirmed_by_standbys`;
+/// a transaction that wrote nothing is committed without that wait, so
+/// only one that reserved something may be judged by it).
+fn in_transaction<T>(f: impl FnOnce(&mut pgrx::spi::SpiClient<'_>, u32) -> Result<T, pgrx::spi::Error>) -> Result<(T, bool), NotDone> {
     unsafe {
         pg_sys::StartTransactionCommand();
         pg_sys::PushActiveSnapshot(pg_sys::GetTransactionSnapshot());
@@ -431,11 +444,15 @@ fn in_transaction<T>(f: impl FnOnce(&mut pgrx::spi::SpiClient<'_>, u32) -> Resul
             pg_sys::AbortCurrentTransaction();
         }
     }
-    let outcome = outcome?;
-    if !xact::commit_confirmed_by_standbys() {
-        return Err(NotDone::NotReplicated);
+    Ok((outcome?, xact::commit_confirmed_by_standbys()))
+}
+
+/// Segments of a commit the standbys did not confirm are handed out never.
+fn unless_unconfirmed(reserved: Reserved, confirmed: bool) -> Reserved {
+    match reserved {
+        Reserved::Segment(_) if !confirmed => Reserved::Refused(Failure::NotReplicated),
+        other => other,
     }
-    Ok(outcome)
 }
 
 /// The next segment of one scope, in a transaction of its own; a slot of a
@@ -449,10 +466,10 @@ fn reserve_one(client: &mut pgrx::spi::SpiClient<'_>, table: u32, request: &Want
 }
 
 fn reserve_alone(request: &Wanted, series: Series) -> Reserved {
-    match in_transaction(|client, table| reserve_one(client, table, request, series)) {
-        Ok(reserved) => reserved,
+    let outcome = in_transaction(|client, table| reserve_one(client, table, request, series));
+    match outcome {
+        Ok((reserved, confirmed)) => unless_unconfirmed(reserved, confirmed),
         Err(NotDone::LockTimeout) => Reserved::Busy,
-        Err(NotDone::NotReplicated) => Reserved::Refused(Failure::NotReplicated),
         Err(NotDone::Failed) => Reserved::Refused(Failure::Unavailable),
     }
 }
@@ -469,8 +486,7 @@ fn reserve_together(requests: &[Wanted], series: Series) -> Vec<Reserved> {
         requests.iter().map(|request| reserve_one(client, table, request, series)).collect::<Result<Vec<_>, _>>()
     });
     match shared {
-        Ok(results) => results,
-        Err(NotDone::NotReplicated) => vec![Reserved::Refused(Failure::NotReplicated); requests.len()],
+        Ok((results, confirmed)) => results.into_iter().map(|r| unless_unconfirmed(r, confirmed)).collect(),
         Err(_) => requests.iter().map(|request| reserve_alone(request, series)).collect(),
     }
 }

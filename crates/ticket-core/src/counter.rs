@@ -26,6 +26,10 @@ pub enum CounterError {
     SizeNotPositive(i64),
     #[error("block size {0} is larger than the limit of {MAX_BLOCK_SIZE}")]
     SizeTooLarge(i64),
+    /// Above the server's own ceiling (`pg_ticket.max_block_size`): one
+    /// call may not exhaust a block name for everyone.
+    #[error("block size {size} is larger than pg_ticket.max_block_size ({limit})")]
+    SizeOverCeiling { size: i64, limit: i64 },
     #[error("{what} would pass its limit {limit} (current mark {mark}, asked for {n} more)")]
     Overflow { what: &'static str, mark: i64, n: i64, limit: i64 },
     #[error("a mark cannot be negative, got {0}")]

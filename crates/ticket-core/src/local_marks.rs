@@ -155,7 +155,7 @@ impl LocalMarks {
         self.check_room(1 + usize::from(nested))?;
         // The table's and the undo list's growth (the large allocations,
         // doubling) may fail; everything else is a few bytes.
-        if self.held.try_reserve(1).is_err() || self.undo.try_reserve(1).is_err() {
+        if self.held.try_reserve(1).is_err() || (nested && self.undo.try_reserve(1).is_err()) {
             return Err(LimitReached::Memory { entries: self.entries() });
         }
         let mut levels = Vec::new();

@@ -168,3 +168,70 @@ fn running_out_of_memory_for_a_transactions_scopes_is_an_error_not_a_crash() {
     assert_eq!(restarts, 0, "no backend died");
     c.stop();
 }
+
+/// Found by review: the mark's record held DELAY_CHKPT_START across the
+/// standby wait, so a checkpoint (which is also what applies a changed
+/// synchronous_standby_names) waited for the standby too, and every commit
+/// on the server behind it.
+#[test]
+fn a_mark_waiting_for_a_standby_holds_up_no_checkpoint() {
+    let c = Cluster::start("mark-checkpoint", 55491, &[]);
+    let mut admin = c.connect();
+    admin.batch_execute("CREATE ROLE ckpt_plain LOGIN").unwrap();
+    reload_with_standby(&c, Some("nobody"));
+    let writer = std::thread::spawn({
+        let dsn = c.dsn_as("ckpt_plain", "postgres");
+        move || postgres::Client::connect(&dsn, postgres::NoTls).unwrap().query_one("SELECT snowflake_id()", &[]).is_ok()
+    });
+    let pid = waiting_for_standby(&mut admin, "ckpt_plain");
+    admin.batch_execute("SET statement_timeout = '20s'").unwrap();
+    admin.batch_execute("CHECKPOINT").expect("the checkpoint does not wait for the mark's standby wait");
+    // Clearing the standby setting releases the writer, as for any commit.
+    admin.batch_execute("ALTER SYSTEM RESET synchronous_standby_names").unwrap();
+    admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while admin.query_opt("SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND wait_event = 'SyncRep'", &[&pid]).unwrap().is_some() {
+        assert!(Instant::now() < deadline, "the writer still waits after the standby setting was cleared");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    writer.join().unwrap();
+    c.stop();
+}
+
+/// Found by review: the lease registry's durable commit was set inside the
+/// owner's block, whose settings are undone after it, so a caller with
+/// synchronous_commit = off got a grant that a crash could forget (and a
+/// standby never had).
+#[test]
+fn a_lease_granted_to_a_session_with_synchronous_commit_off_waits_for_the_standby() {
+    let c = Cluster::start("lease-durable", 55492, &[]);
+    let mut admin = c.connect();
+    admin.batch_execute("CREATE ROLE lease_user LOGIN").unwrap();
+    admin.batch_execute("GRANT EXECUTE ON FUNCTION lease_machine_id(text, interval) TO lease_user").unwrap();
+    reload_with_standby(&c, Some("nobody"));
+    let leaser = std::thread::spawn({
+        let dsn = c.dsn_as("lease_user", "postgres");
+        move || {
+            let mut s = postgres::Client::connect(&dsn, postgres::NoTls).unwrap();
+            s.batch_execute("SET synchronous_commit = off").unwrap();
+            s.query_one("SELECT machine_id FROM lease_machine_id('durable', '60 seconds')", &[]).map(|r| r.get::<_, i32>(0))
+        }
+    });
+    let pid = waiting_for_standby(&mut admin, "lease_user");
+    admin.query_one("SELECT pg_cancel_backend($1)", &[&pid]).unwrap();
+    leaser.join().unwrap().expect("the grant committed here once its standby wait was cancelled");
+    c.stop();
+}
+
+/// Found by review: synchronous_standby_names set on a server without WAL
+/// senders (PostgreSQL then waits for nothing) refused every snowflake and
+/// ticket as "not confirmed".
+#[test]
+fn standby_names_without_wal_senders_refuse_nothing() {
+    let c = Cluster::start("no-senders", 55493, &["max_wal_senders = 0", "synchronous_standby_names = '*'"]);
+    let mut db = c.connect();
+    db.query_one("SELECT snowflake_id()", &[]).expect("a snowflake");
+    let t: i64 = db.query_one("SELECT next_ticket('s', 'd')", &[]).expect("a ticket").get(0);
+    assert_eq!(t, 1);
+    c.stop();
+}

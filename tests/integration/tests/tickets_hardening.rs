@@ -17,7 +17,8 @@ fn cluster() -> &'static Cluster {
             "pg_ticket.ticket_step_min = 5",
             "pg_ticket.ticket_step_max = 50",
             "pg_ticket.ticket_wait_timeout = '2s'",
-            "max_worker_processes = 32",
+            "max_worker_processes = 40",
+            "pg_ticket.max_ticket_workers = 32",
         ],
     )
 }
@@ -391,4 +392,75 @@ fn the_ticket_series_used_is_the_one_show_reports_and_out_of_range_stops_the_ser
     assert_eq!(shown, "8");
     assert_eq!(tickets(&mut db, "octal", 3), vec![3, 11, 19]);
     c.stop();
+}
+
+/// Found by review: under a healthy synchronous standby, a pass that only
+/// found a locked scope (and wrote nothing) was reported as "the standbys
+/// did not confirm", at once, instead of waiting for the lock.
+#[test]
+fn a_locked_scope_under_a_synchronous_standby_waits_for_its_lock() {
+    let primary = Cluster::start("tickets-sync-lock", 55494, &["pg_ticket.ticket_wait_timeout = '1s'"]);
+    let standby = primary.standby("tickets-sync-lock-s", 55495, &["cluster_name = 'lock_standby'"]);
+    let mut p = primary.connect();
+    p.batch_execute("ALTER SYSTEM SET synchronous_standby_names = 'lock_standby'").unwrap();
+    p.batch_execute("SELECT pg_reload_conf()").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while p
+        .query("SELECT 1 FROM pg_stat_replication WHERE application_name = 'lock_standby' AND sync_state = 'sync'", &[])
+        .unwrap()
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "the standby never became synchronous");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(tickets(&mut p, "locked", 1), vec![1]);
+    let mut holder = primary.connect();
+    let mut tx = holder.transaction().unwrap();
+    tx.query_one("SELECT advance_ticket('locked', 'd', 5000)", &[]).unwrap();
+    let mut other = primary.connect();
+    for _ in 0..2 {
+        let err = other.query_one("SELECT next_ticket('locked', 'd')", &[]).unwrap_err();
+        assert_eq!(sqlstate(&err), "55000", "{err:?}");
+        let message = err.as_db_error().unwrap().message().to_string();
+        assert!(message.contains("locked by another transaction"), "{message}");
+    }
+    tx.commit().unwrap();
+    assert_eq!(tickets(&mut other, "locked", 1), vec![5001]);
+    standby.stop();
+    primary.stop();
+}
+
+/// Found by review: scopes inserted by a transaction that stays open (here
+/// prepared) were each retried with a long lock wait, one after another,
+/// and fresh scopes of the database waited behind them.
+#[test]
+fn many_scopes_held_by_a_prepared_transaction_do_not_stall_fresh_ones() {
+    let c = cluster();
+    let mut db = fresh_db(c, "t_prepared_locks");
+    db.batch_execute(
+        "BEGIN; SELECT count(advance_ticket('held-' || i, 'd', 100)) FROM generate_series(1, 25) i;
+         PREPARE TRANSACTION 't_prepared_locks';",
+    )
+    .unwrap();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut poller = c.connect_as("postgres", "t_prepared_locks");
+            poller.batch_execute("SET statement_timeout = '30ms'").unwrap();
+            let mut i = 0;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = poller.query_one("SELECT next_ticket($1, 'd')", &[&format!("held-{}", i % 25 + 1)]);
+                i += 1;
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let mut fresh = c.connect_as("postgres", "t_prepared_locks");
+        let got: Vec<_> = (0..6).map(|i| fresh.query_one("SELECT next_ticket($1, 'd')", &[&format!("fresh-{i}")])).collect();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        for t in got {
+            let t: i64 = t.unwrap_or_else(|e| panic!("a fresh scope waited behind the locked ones: {e:?}")).get(0);
+            assert_eq!(t, 1);
+        }
+    });
+    db.batch_execute("ROLLBACK PREPARED 't_prepared_locks'").unwrap();
 }

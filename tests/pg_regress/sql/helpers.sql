@@ -173,3 +173,24 @@ INSERT INTO pct_h (k) VALUES ('p');
 INSERT INTO pct_h (k) VALUES ('p');
 \echo :LAST_ERROR_SQLSTATE
 SELECT no FROM pct_h ORDER BY no;
+-- reg* types print names relative to search_path: canonical too.
+CREATE SCHEMA app_h;
+CREATE TABLE app_h.things (x int);
+CREATE TABLE reg_h (no bigint, q regclass);
+CREATE TRIGGER number_reg BEFORE INSERT ON reg_h FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'q', 'reg');
+INSERT INTO reg_h (q) VALUES ('app_h.things');
+SET search_path = app_h, public;
+INSERT INTO reg_h (q) VALUES ('app_h.things');
+SET quote_all_identifiers = on;
+INSERT INTO reg_h (q) VALUES ('app_h.things');
+RESET quote_all_identifiers;
+RESET search_path;
+SELECT no FROM reg_h ORDER BY no;
+-- A scale that rounds would write two values as one ID: refused.
+CREATE TABLE round_h (no numeric(3,-1), k text);
+CREATE TRIGGER number_round BEFORE INSERT ON round_h FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'k', 'round');
+INSERT INTO round_h (k) VALUES ('r');
+\echo :LAST_ERROR_SQLSTATE
+SELECT advance_scoped_id('r', 'round', 9);
+INSERT INTO round_h (k) VALUES ('r');
+SELECT no FROM round_h;

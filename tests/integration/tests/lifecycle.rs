@@ -1,0 +1,107 @@
+//! What operators and ordinary roles do to pg_ticket's state and the
+//! server's shared resources (SPEC §13.10, §13.11); each test failed on
+//! 0.2.0.
+
+use pg_ticket_integration::{shared_cluster, sqlstate, Cluster};
+use postgres::Client;
+
+fn cluster() -> &'static Cluster {
+    shared_cluster("lifecycle", 55478, &[])
+}
+
+/// A database of its own with the extension, so a test may change it.
+fn fresh_db(c: &Cluster, name: &str) -> Client {
+    let mut admin = c.connect();
+    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).unwrap();
+    admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+    let mut db = c.connect_as("postgres", name);
+    db.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
+    db
+}
+
+/// Found by review: an unlogged state table was used, and after an
+/// immediate stop its counters started again at 1.
+#[test]
+fn an_unlogged_state_table_is_refused_until_it_is_logged_again() {
+    let c = cluster();
+    let mut db = fresh_db(c, "l_unlogged");
+    assert_eq!(db.query_one("SELECT next_scoped_id('u', 'd')", &[]).unwrap().get::<_, i64>(0), 1);
+    db.batch_execute("ALTER TABLE pgticket.scoped_counters SET UNLOGGED").unwrap();
+    let err = db.query_one("SELECT next_scoped_id('u', 'd')", &[]).unwrap_err();
+    assert_eq!(sqlstate(&err), "55000", "{err:?}");
+    assert!(err.as_db_error().unwrap().message().contains("SET LOGGED"), "{err:?}");
+    db.batch_execute("ALTER TABLE pgticket.scoped_counters SET LOGGED").unwrap();
+    assert_eq!(db.query_one("SELECT next_scoped_id('u', 'd')", &[]).unwrap().get::<_, i64>(0), 2);
+}
+
+/// Found by review: REVOKE USAGE ON SCHEMA pgticket FROM PUBLIC broke
+/// allocation for ordinary roles (the tables were looked up by name as the
+/// caller); a renamed schema gave XX000 and wrong advice.
+#[test]
+fn ordinary_roles_allocate_without_usage_on_the_schema_and_a_renamed_schema_says_so() {
+    let c = cluster();
+    let mut db = fresh_db(c, "l_schema");
+    db.batch_execute(
+        "DROP ROLE IF EXISTS l_app; CREATE ROLE l_app LOGIN;
+         REVOKE USAGE ON SCHEMA pgticket FROM PUBLIC;",
+    )
+    .unwrap();
+    let mut app = c.connect_as("l_app", "l_schema");
+    assert_eq!(app.query_one("SELECT next_scoped_id('s', 'd')", &[]).unwrap().get::<_, i64>(0), 1);
+    assert_eq!(app.query_one("SELECT first_id FROM reserve_block('s', 10)", &[]).unwrap().get::<_, i64>(0), 1);
+    assert_eq!(app.query_one("SELECT next_ticket('s', 'd')", &[]).unwrap().get::<_, i64>(0), 1);
+    db.batch_execute("ALTER SCHEMA pgticket RENAME TO pgticket_moved").unwrap();
+    let mut fresh = c.connect_as("postgres", "l_schema");
+    let err = fresh.query_one("SELECT next_scoped_id('s', 'd')", &[]).unwrap_err();
+    assert_eq!(sqlstate(&err), "55000", "{err:?}");
+    assert!(err.as_db_error().unwrap().message().contains("RENAME TO pgticket"), "{err:?}");
+    db.batch_execute("ALTER SCHEMA pgticket_moved RENAME TO pgticket").unwrap();
+    assert_eq!(fresh.query_one("SELECT next_scoped_id('s', 'd')", &[]).unwrap().get::<_, i64>(0), 2);
+}
+
+/// Found by review: any role could exhaust a block name in seconds with
+/// 2^40-ID reservations; now a superuser sets the ceiling.
+#[test]
+fn one_reservation_is_capped_by_a_ceiling_only_a_superuser_raises() {
+    let c = cluster();
+    let mut db = fresh_db(c, "l_blocks");
+    db.batch_execute("DROP ROLE IF EXISTS l_worker; CREATE ROLE l_worker LOGIN").unwrap();
+    let mut worker = c.connect_as("l_worker", "l_blocks");
+    let err = worker.query_one("SELECT * FROM reserve_block('orders', 1099511627776)", &[]).unwrap_err();
+    assert_eq!(sqlstate(&err), "22023", "{err:?}");
+    assert!(err.as_db_error().unwrap().message().contains("pg_ticket.max_block_size"), "{err:?}");
+    let err = worker.batch_execute("SET pg_ticket.max_block_size = 2000000000").unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "{err:?}");
+    let last: i64 = worker.query_one("SELECT last_id FROM reserve_block('orders', 1000000000)", &[]).unwrap().get(0);
+    assert_eq!(last, 1_000_000_000);
+}
+
+/// Found by review: any role with CONNECT could pin one ticket worker per
+/// database until background-worker slots ran out for parallel query.
+#[test]
+fn ticket_workers_are_capped_by_their_own_setting() {
+    let c = Cluster::start("lifecycle-workers", 55479, &["pg_ticket.max_ticket_workers = 2", "max_worker_processes = 16"]);
+    let mut dbs: Vec<Client> = (0..3).map(|i| fresh_db(&c, &format!("l_workers_{i}"))).collect();
+    let mut served = 0;
+    let mut refused = Vec::new();
+    for db in dbs.iter_mut() {
+        match db.query_one("SELECT next_ticket('w', 'd')", &[]) {
+            Ok(_) => served += 1,
+            Err(e) => refused.push(e),
+        }
+    }
+    let workers: i64 = c
+        .connect()
+        .query_one("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_ticket tickets'", &[])
+        .unwrap()
+        .get(0);
+    assert!(workers <= 2, "{workers} ticket workers run; the cap is 2");
+    assert!(served >= 1, "the first database is served");
+    for e in &refused {
+        assert_eq!(sqlstate(e), "55000", "{e:?}");
+        assert!(e.as_db_error().unwrap().message().contains("pg_ticket.max_ticket_workers (2)"), "{e:?}");
+    }
+    assert!(!refused.is_empty(), "a third database finds the cap (served {served})");
+    drop(dbs);
+    c.stop();
+}
