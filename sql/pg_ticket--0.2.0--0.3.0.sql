@@ -51,3 +51,7 @@ ALTER TABLE pgticket.blocks ENABLE ALWAYS TRIGGER forward_only, ENABLE ALWAYS TR
     ENABLE ALWAYS TRIGGER never_truncated;
 ALTER TABLE pgticket.tickets ENABLE ALWAYS TRIGGER forward_only, ENABLE ALWAYS TRIGGER never_emptied,
     ENABLE ALWAYS TRIGGER never_truncated;
+
+-- 0.3.0: every state table has a primary key, so a FOR ALL TABLES
+-- publication does not refuse the registry's own writes (SPEC §13.10).
+ALTER TABLE pgticket.lease_registry ADD PRIMARY KEY (system_identifier, timeline, database_oid, grants_from);

@@ -105,3 +105,67 @@ fn ticket_workers_are_capped_by_their_own_setting() {
     drop(dbs);
     c.stop();
 }
+
+/// Found by review: pgticket.lease_registry had no key, so with a FOR ALL
+/// TABLES publication the registry's own DELETE was refused after a
+/// restore or promotion, and no machine id was granted any more.
+#[test]
+fn a_registry_in_a_database_with_a_publication_for_all_tables_grants_after_a_restore() {
+    let c = Cluster::start("lifecycle-pub", 55496, &["pg_ticket.lease_max_ttl = '1s'", "pg_ticket.lease_margin = '1s'"]);
+    let mut db = c.connect();
+    // As a restore leaves it: the registry's identity is not this server's.
+    db.batch_execute("UPDATE pgticket.lease_registry SET timeline = timeline + 1").unwrap();
+    db.batch_execute("CREATE PUBLICATION everything FOR ALL TABLES").unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let granted = loop {
+        match db.query_one("SELECT machine_id FROM lease_machine_id('after-restore', '1 second')", &[]) {
+            Ok(row) => break row.get::<_, i32>(0),
+            Err(e) => {
+                let message = e.as_db_error().map(|d| d.message().to_string()).unwrap_or_default();
+                assert!(!message.contains("replica identity"), "the publication refused the registry's write: {message}");
+                assert!(std::time::Instant::now() < deadline, "no grant after the hold-off: {e:?}");
+                std::thread::sleep(std::time::Duration::from_millis(200));
+            }
+        }
+    };
+    assert!((0..1024).contains(&granted));
+    c.stop();
+}
+
+/// The docs' advice for schema-limited dumps, shown: `-e pg_ticket` carries
+/// the marks, `-n public` alone does not (the restored scope would count
+/// from 1 again).
+#[test]
+fn a_schema_limited_dump_carries_the_marks_only_with_the_extension() {
+    use pg_ticket_integration::pg_tool;
+    let c = cluster();
+    let mut src = fresh_db(c, "l_dump_src");
+    src.batch_execute(
+        "CREATE TABLE invoice (no bigint DEFAULT next_scoped_id('shop', 'inv'), x int);
+         INSERT INTO invoice (x) SELECT g FROM generate_series(1, 5) g;",
+    )
+    .unwrap();
+    let host = c.dir.to_str().unwrap().to_string();
+    let port = c.port.to_string();
+    let mut admin = c.connect();
+    for (db, extra, next) in [("l_dump_with_ext", &["-e", "pg_ticket"][..], 6i64), ("l_dump_without", &[][..], 1)] {
+        // As the docs say: pg_dump to a file, psql to restore it.
+        let file = format!("/tmp/pgt-{db}.sql");
+        let mut args = vec!["-h", &host, "-p", &port, "-U", "postgres", "-n", "public", "-f", &file];
+        args.extend_from_slice(extra);
+        args.push("l_dump_src");
+        pg_tool("pg_dump", &args);
+        admin.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).unwrap();
+        admin.batch_execute(&format!("CREATE DATABASE {db}")).unwrap();
+        let mut restored = c.connect_as("postgres", db);
+        if extra.is_empty() {
+            restored.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
+        }
+        pg_tool("psql", &["-X", "-q", "-h", &host, "-p", &port, "-U", "postgres", "-d", db, "-f", &file]);
+        let rows: i64 = restored.query_one("SELECT count(*) FROM invoice", &[]).unwrap().get(0);
+        assert_eq!(rows, 5, "{db}: the table came back");
+        let got: i64 = restored.query_one("SELECT next_scoped_id('shop', 'inv')", &[]).unwrap().get(0);
+        assert_eq!(got, next, "{db}: pg_dump -n public {extra:?}");
+        let _ = std::fs::remove_file(&file);
+    }
+}
