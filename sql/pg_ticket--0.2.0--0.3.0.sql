@@ -55,3 +55,21 @@ ALTER TABLE pgticket.tickets ENABLE ALWAYS TRIGGER forward_only, ENABLE ALWAYS T
 -- 0.3.0: every state table has a primary key, so a FOR ALL TABLES
 -- publication does not refuse the registry's own writes (SPEC §13.10).
 ALTER TABLE pgticket.lease_registry ADD PRIMARY KEY (system_identifier, timeline, database_oid, grants_from);
+
+-- 0.3.0: a prepared transaction can hold a gap-free scope's row for ever
+-- (it survives restarts; idle_in_transaction_session_timeout cannot reach
+-- it): this view names it, so an administrator can COMMIT or ROLLBACK
+-- PREPARED. Not granted to PUBLIC.
+CREATE VIEW pgticket.prepared_holders AS
+    SELECT p.gid, p.owner, p.prepared, 'scope'::text AS kind, c.queue, c.domain, NULL::text AS block_name
+      FROM pg_catalog.pg_prepared_xacts p
+      JOIN pgticket.scoped_counters c ON c.xmax OPERATOR(pg_catalog.=) p.transaction
+     WHERE p.database OPERATOR(pg_catalog.=) pg_catalog.current_database()
+    UNION ALL
+    SELECT p.gid, p.owner, p.prepared, 'block'::text, NULL, NULL, b.name
+      FROM pg_catalog.pg_prepared_xacts p
+      JOIN pgticket.blocks b ON b.xmax OPERATOR(pg_catalog.=) p.transaction
+     WHERE p.database OPERATOR(pg_catalog.=) pg_catalog.current_database();
+COMMENT ON VIEW pgticket.prepared_holders IS
+    'Prepared transactions holding a scoped counter or block name locked (end them with COMMIT PREPARED or ROLLBACK PREPARED)';
+REVOKE ALL ON pgticket.prepared_holders FROM PUBLIC;

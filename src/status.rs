@@ -97,11 +97,14 @@ fn ticket_status() -> TableIterator<
         let since_epoch = now_unix_ms() - epoch;
         let reset_at = c.reset_at.load(Ordering::Relaxed);
         // A leased id shows while the lease is held (NULL between leases).
+        // The lease's token only to superusers: the view is PUBLIC, and a
+        // token is what a holder proves itself with (SPEC §8 rule 9).
+        let may_see_token = unsafe { pg_sys::superuser() };
         let (machine_id, lease) = match settings::machine_id() {
             MachineId::Fixed(id) => (Some(i32::from(id)), None),
             MachineId::Leased => {
                 let s = snowflake::lease_snapshot();
-                (s.machine_id.map(i32::from), s.machine_id.map(|_| (s.token, s.expires_at_unix_ms)))
+                (s.machine_id.map(i32::from), s.machine_id.map(|_| (may_see_token.then_some(s.token), s.expires_at_unix_ms)))
             }
         };
         TableIterator::once((
@@ -118,7 +121,7 @@ fn ticket_status() -> TableIterator<
             Some(activity.waits_clock_back as i64),
             count(&c.waits_ticket_refill),
             (reset_at != 0).then(|| timestamp(reset_at)).flatten(),
-            lease.map(|(token, _)| token),
+            lease.and_then(|(token, _)| token),
             lease.and_then(|(_, expires)| timestamp(expires)),
         ))
     })

@@ -137,6 +137,15 @@ fn split_brain_with_leased_ids_never_shares_an_id_and_an_unreachable_registry_st
     let primary = Cluster::start("fo-primary", 55465, &conf);
     let mut p = primary.connect();
     let primary_id = leased_id(&mut p);
+    // The lease's token is the holder's proof: superusers see it in the
+    // PUBLIC status view, other roles do not (0.2.0 showed it to all).
+    p.batch_execute("CREATE ROLE status_plain LOGIN").unwrap();
+    let token: Option<i64> = p.query_one("SELECT machine_lease FROM pgticket.status", &[]).unwrap().get(0);
+    assert!(token.is_some(), "a superuser sees the lease token");
+    let mut plain = primary.connect_as("status_plain", "postgres");
+    let (id, token): (Option<i32>, Option<i64>) =
+        plain.query_one("SELECT machine_id, machine_lease FROM pgticket.status", &[]).map(|r| (r.get(0), r.get(1))).unwrap();
+    assert_eq!((id, token), (Some(i32::from(primary_id)), None), "another role sees the id, not the token");
     let standby = primary.standby("fo-standby", 55466, &[]);
     let mut s = standby.connect_when_ready();
     let err = s.query_one("SELECT snowflake_id()", &[]).unwrap_err();

@@ -169,3 +169,34 @@ fn a_schema_limited_dump_carries_the_marks_only_with_the_extension() {
         let _ = std::fs::remove_file(&file);
     }
 }
+
+/// Found by review: a prepared transaction could hold another tenant's
+/// gap-free series and leave no trace an administrator could follow.
+#[test]
+fn a_prepared_transaction_holding_a_scope_is_named_in_a_view() {
+    let c = cluster();
+    let mut db = fresh_db(c, "l_prepared");
+    // The series exist (a row a prepared transaction inserted is invisible
+    // until it ends; pg_prepared_xacts still lists that transaction).
+    db.batch_execute("SELECT next_scoped_id('invoices', 'tenantB/2026'); SELECT reserve_block('orders', 10)").unwrap();
+    db.batch_execute("BEGIN; SELECT next_scoped_id('invoices', 'tenantB/2026'); PREPARE TRANSACTION 'forgotten'").unwrap();
+    db.batch_execute("BEGIN; SELECT reserve_block('orders', 10); PREPARE TRANSACTION 'forgotten-block'").unwrap();
+    let held: Vec<(String, String, Option<String>, Option<String>, Option<String>)> = db
+        .query("SELECT gid, kind, queue, domain, block_name FROM pgticket.prepared_holders ORDER BY gid", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+        .collect();
+    db.batch_execute("ROLLBACK PREPARED 'forgotten'").unwrap();
+    db.batch_execute("ROLLBACK PREPARED 'forgotten-block'").unwrap();
+    assert_eq!(
+        held,
+        vec![
+            ("forgotten".into(), "scope".into(), Some("invoices".into()), Some("tenantB/2026".into()), None),
+            ("forgotten-block".into(), "block".into(), None, None, Some("orders".into())),
+        ]
+    );
+    db.batch_execute("DROP ROLE IF EXISTS l_viewer; CREATE ROLE l_viewer LOGIN").unwrap();
+    let err = c.connect_as("l_viewer", "l_prepared").query("SELECT * FROM pgticket.prepared_holders", &[]).unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "{err:?}");
+}
