@@ -25,16 +25,14 @@ SELECT next_scoped_id('ro', 'a');
 ROLLBACK;
 SELECT next_scoped_id('ro', 'a') AS next_after_rollback;
 
--- 0.3.0: marks only move forward and are never emptied: DELETE, TRUNCATE
--- and a lowering UPDATE of the state tables are refused (55000), even by
--- their owner, so no value handed out can be handed out again.
+-- 0.3.0: marks are never emptied: DELETE and TRUNCATE of the state tables
+-- are refused (55000), even for their owner, so no value handed out can be
+-- handed out again (on the tickets table a lowering or renaming UPDATE too:
+-- tickets_hardening.rs).
 SELECT next_scoped_id('gone', 'a');
 SELECT first_id FROM reserve_block('gone', 5);
 DELETE FROM pgticket.scoped_counters WHERE queue = 'gone';
 TRUNCATE pgticket.blocks;
-UPDATE pgticket.blocks SET mark = 0 WHERE name = 'gone';
-UPDATE pgticket.scoped_counters SET queue = 'renamed' WHERE queue = 'gone';
-UPDATE pgticket.blocks SET name = 'renamed' WHERE name = 'gone';
 TRUNCATE pgticket.tickets;
 SET session_replication_role = replica;
 DELETE FROM pgticket.scoped_counters WHERE queue = 'gone';
