@@ -64,14 +64,7 @@ unsafe extern "C-unwind" fn on_object_access(
     }
     if access == pg_sys::ObjectAccessType::OAT_DROP && class_id == pg_sys::DatabaseRelationId {
         let db = object_id.to_u32();
-        let _dir = Directory::lock(true);
-        for slot in shmem::slots() {
-            let mut g = slot.lock();
-            if g.in_use && g.db == db {
-                g.reset();
-                slot.generation.fetch_add(1, Ordering::AcqRel);
-            }
-        }
+        shmem::empty_slots(|g| g.in_use && g.db == db);
     }
 }
 
@@ -407,14 +400,7 @@ fn advance_ticket(queue: Option<Name<'_>>, domain: Option<Name<'_>>, mark: Optio
         remember_advanced(scope.hash);
         // Dropped now, before the commit: a segment reserved meanwhile waits
         // for this row lock and lands above the new mark.
-        let _dir = Directory::lock(true);
-        for slot in shmem::slots() {
-            let mut g = slot.lock();
-            if g.matches(&scope) {
-                g.reset();
-                slot.generation.fetch_add(1, Ordering::AcqRel);
-            }
-        }
+        shmem::empty_slots(|g| g.matches(&scope));
         mark
     })
 }

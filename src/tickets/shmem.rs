@@ -311,6 +311,20 @@ pub fn monotonic_ms() -> u64 {
     ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
 
+/// Empty every slot `pick` chooses (what it cached becomes a gap), under
+/// the directory lock: a later lookup of its scope places it anew, and a
+/// segment reserved for it meanwhile is not installed (generation).
+pub fn empty_slots(pick: impl Fn(&SlotData) -> bool) {
+    let _dir = Directory::lock(true);
+    for slot in slots() {
+        let mut g = slot.lock();
+        if pick(&g) {
+            g.reset();
+            slot.generation.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+}
+
 /// A tick of the LRU clock.
 pub fn tick() -> u64 {
     header().clock.fetch_add(1, Ordering::Relaxed)

@@ -277,6 +277,11 @@ fn install(requests: &[Wanted], results: Vec<Reserved>, (min, max): (i64, i64)) 
         if slot.generation.load(Ordering::Acquire) != request.generation {
             continue; // evicted or advanced meanwhile: the segment is a gap
         }
+        // Answered either way; a busy scope is asked again by a backend
+        // still waiting for it (so one nobody waits for does not keep the
+        // worker busy).
+        g.requested = false;
+        g.busy = matches!(reserved, Reserved::Busy);
         match reserved {
             Reserved::Segment(segment) => {
                 g.cache.add(segment);
@@ -286,20 +291,9 @@ fn install(requests: &[Wanted], results: Vec<Reserved>, (min, max): (i64, i64)) 
                 }
                 g.installed_at_ms = now;
                 g.refills += 1;
-                g.busy = false;
-                g.requested = false;
             }
-            Reserved::Refused(failure) => {
-                g.failure = Some(failure);
-                g.busy = false;
-                g.requested = false;
-            }
-            // Asked again by a backend still waiting for it (so a scope
-            // nobody waits for does not keep the worker busy).
-            Reserved::Busy => {
-                g.busy = true;
-                g.requested = false;
-            }
+            Reserved::Refused(failure) => g.failure = Some(failure),
+            Reserved::Busy => {}
         }
     }
     unsafe { pg_sys::ConditionVariableBroadcast(shmem::cv()) };
