@@ -116,6 +116,17 @@ impl Cluster {
         assert!(cmd.status().unwrap().success(), "cluster did not start; see {}/server.log", self.dir.display());
     }
 
+    /// A database of its own (dropped first if a failed run left it) with
+    /// the extension, so a test may drop, alter or fill it.
+    pub fn fresh_db(&self, name: &str) -> Client {
+        let mut admin = self.connect();
+        admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).unwrap();
+        admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+        let mut db = self.connect_as("postgres", name);
+        db.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
+        db
+    }
+
     /// Connect, retrying while the server restarts (crash recovery), up to 60 s.
     pub fn connect_when_ready(&self) -> Client {
         let deadline = Instant::now() + Duration::from_secs(60);

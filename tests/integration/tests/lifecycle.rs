@@ -9,22 +9,12 @@ fn cluster() -> &'static Cluster {
     shared_cluster("lifecycle", 55478, &[])
 }
 
-/// A database of its own with the extension, so a test may change it.
-fn fresh_db(c: &Cluster, name: &str) -> Client {
-    let mut admin = c.connect();
-    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).unwrap();
-    admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
-    let mut db = c.connect_as("postgres", name);
-    db.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
-    db
-}
-
 /// Found by review: an unlogged state table was used, and after an
 /// immediate stop its counters started again at 1.
 #[test]
 fn an_unlogged_state_table_is_refused_until_it_is_logged_again() {
     let c = cluster();
-    let mut db = fresh_db(c, "l_unlogged");
+    let mut db = c.fresh_db("l_unlogged");
     assert_eq!(db.query_one("SELECT next_scoped_id('u', 'd')", &[]).unwrap().get::<_, i64>(0), 1);
     db.batch_execute("ALTER TABLE pgticket.scoped_counters SET UNLOGGED").unwrap();
     let err = db.query_one("SELECT next_scoped_id('u', 'd')", &[]).unwrap_err();
@@ -40,7 +30,7 @@ fn an_unlogged_state_table_is_refused_until_it_is_logged_again() {
 #[test]
 fn ordinary_roles_allocate_without_usage_on_the_schema_and_a_renamed_schema_says_so() {
     let c = cluster();
-    let mut db = fresh_db(c, "l_schema");
+    let mut db = c.fresh_db("l_schema");
     db.batch_execute(
         "DROP ROLE IF EXISTS l_app; CREATE ROLE l_app LOGIN;
          REVOKE USAGE ON SCHEMA pgticket FROM PUBLIC;",
@@ -64,7 +54,7 @@ fn ordinary_roles_allocate_without_usage_on_the_schema_and_a_renamed_schema_says
 #[test]
 fn one_reservation_is_capped_by_a_ceiling_only_a_superuser_raises() {
     let c = cluster();
-    let mut db = fresh_db(c, "l_blocks");
+    let mut db = c.fresh_db("l_blocks");
     db.batch_execute("DROP ROLE IF EXISTS l_worker; CREATE ROLE l_worker LOGIN").unwrap();
     let mut worker = c.connect_as("l_worker", "l_blocks");
     let err = worker.query_one("SELECT * FROM reserve_block('orders', 1099511627776)", &[]).unwrap_err();
@@ -81,7 +71,7 @@ fn one_reservation_is_capped_by_a_ceiling_only_a_superuser_raises() {
 #[test]
 fn ticket_workers_are_capped_by_their_own_setting() {
     let c = Cluster::start("lifecycle-workers", 55479, &["pg_ticket.max_ticket_workers = 2", "max_worker_processes = 16"]);
-    let mut dbs: Vec<Client> = (0..3).map(|i| fresh_db(&c, &format!("l_workers_{i}"))).collect();
+    let mut dbs: Vec<Client> = (0..3).map(|i| c.fresh_db(&format!("l_workers_{i}"))).collect();
     let mut served = 0;
     let mut refused = Vec::new();
     for db in dbs.iter_mut() {
@@ -139,7 +129,7 @@ fn a_registry_in_a_database_with_a_publication_for_all_tables_grants_after_a_res
 fn a_schema_limited_dump_carries_the_marks_only_with_the_extension() {
     use pg_ticket_integration::pg_tool;
     let c = cluster();
-    let mut src = fresh_db(c, "l_dump_src");
+    let mut src = c.fresh_db("l_dump_src");
     src.batch_execute(
         "CREATE TABLE invoice (no bigint DEFAULT next_scoped_id('shop', 'inv'), x int);
          INSERT INTO invoice (x) SELECT g FROM generate_series(1, 5) g;",
@@ -175,7 +165,7 @@ fn a_schema_limited_dump_carries_the_marks_only_with_the_extension() {
 #[test]
 fn a_prepared_transaction_holding_a_scope_is_named_in_a_view() {
     let c = cluster();
-    let mut db = fresh_db(c, "l_prepared");
+    let mut db = c.fresh_db("l_prepared");
     // The series exist (a row a prepared transaction inserted is invisible
     // until it ends; pg_prepared_xacts still lists that transaction).
     db.batch_execute("SELECT next_scoped_id('invoices', 'tenantB/2026'); SELECT reserve_block('orders', 10)").unwrap();

@@ -23,16 +23,6 @@ fn cluster() -> &'static Cluster {
     )
 }
 
-/// A database of its own with the extension, so a test may drop it.
-fn fresh_db(c: &Cluster, name: &str) -> Client {
-    let mut admin = c.connect();
-    admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).unwrap();
-    admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
-    let mut db = c.connect_as("postgres", name);
-    db.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
-    db
-}
-
 fn tickets(db: &mut Client, scope: &str, n: i32) -> Vec<i64> {
     db.query("SELECT next_ticket($1, 'd') FROM generate_series(1, $2)", &[&scope, &n]).unwrap().iter().map(|r| r.get(0)).collect()
 }
@@ -62,7 +52,7 @@ fn assert_distinct(all: &[i64]) {
 #[test]
 fn a_dropped_and_created_extension_never_serves_the_old_tables_cached_tickets() {
     let c = cluster();
-    let mut db = fresh_db(c, "t_drop_ext");
+    let mut db = c.fresh_db("t_drop_ext");
     assert_eq!(tickets(&mut db, "q", 10), (1..=10).collect::<Vec<i64>>());
     wait_cached_beyond(&mut db, "q", 10);
     db.batch_execute("DROP EXTENSION pg_ticket; CREATE EXTENSION pg_ticket").unwrap();
@@ -74,7 +64,7 @@ fn a_dropped_and_created_extension_never_serves_the_old_tables_cached_tickets() 
 #[test]
 fn a_database_dropped_and_created_with_the_same_oid_never_serves_the_old_cache() {
     let c = cluster();
-    let mut db = fresh_db(c, "t_same_oid");
+    let mut db = c.fresh_db("t_same_oid");
     assert_eq!(tickets(&mut db, "q", 10), (1..=10).collect::<Vec<i64>>());
     wait_cached_beyond(&mut db, "q", 10);
     drop(db);
@@ -93,7 +83,7 @@ fn a_database_dropped_and_created_with_the_same_oid_never_serves_the_old_cache()
 #[test]
 fn a_database_recreated_with_its_oid_from_a_template_never_serves_the_dropped_ones_cache() {
     let c = cluster();
-    drop(fresh_db(c, "t_tmpl_src")); // the extension, no rows, no connection left
+    drop(c.fresh_db("t_tmpl_src")); // the extension, no rows, no connection left
     let mut admin = c.connect();
     admin.batch_execute("DROP DATABASE IF EXISTS t_tmpl_copy WITH (FORCE)").unwrap();
     admin.batch_execute("CREATE DATABASE t_tmpl_copy TEMPLATE t_tmpl_src").unwrap();
@@ -113,7 +103,7 @@ fn a_database_recreated_with_its_oid_from_a_template_never_serves_the_dropped_on
 #[test]
 fn advance_ticket_never_moves_below_what_the_cache_reserved() {
     let c = cluster();
-    let mut db = fresh_db(c, "t_adv_floor");
+    let mut db = c.fresh_db("t_adv_floor");
     let taken = tickets(&mut db, "r", 3);
     wait_cached_beyond(&mut db, "r", 3);
     // The owner forces the delete past the refusal (see the next test).
@@ -134,7 +124,7 @@ fn advance_ticket_never_moves_below_what_the_cache_reserved() {
 #[test]
 fn a_setting_changed_by_the_owners_trigger_does_not_leak_into_the_callers_session() {
     let c = cluster();
-    let mut db = fresh_db(c, "t_guc_leak");
+    let mut db = c.fresh_db("t_guc_leak");
     db.batch_execute(
         "DROP ROLE IF EXISTS leaky_owner;
          CREATE ROLE leaky_owner LOGIN;
@@ -167,7 +157,7 @@ fn a_setting_changed_by_the_owners_trigger_does_not_leak_into_the_callers_sessio
 #[test]
 fn an_emptied_or_lowered_tickets_table_is_refused_and_never_leads_to_a_ticket_again() {
     let c = cluster();
-    let mut db = fresh_db(c, "t_truncate");
+    let mut db = c.fresh_db("t_truncate");
     let mut all = tickets(&mut db, "q", 10);
     for rewind in ["TRUNCATE pgticket.tickets", "DELETE FROM pgticket.tickets", "UPDATE pgticket.tickets SET mark = 0"] {
         let err = db.batch_execute(rewind).unwrap_err();
@@ -194,7 +184,7 @@ fn an_emptied_or_lowered_tickets_table_is_refused_and_never_leads_to_a_ticket_ag
 #[test]
 fn the_worker_runs_as_the_tickets_tables_owner_restricted() {
     let c = cluster();
-    let mut db = fresh_db(c, "t_owner");
+    let mut db = c.fresh_db("t_owner");
     db.batch_execute(
         "DROP ROLE IF EXISTS ticket_owner_bob;
          CREATE ROLE ticket_owner_bob LOGIN;
@@ -231,7 +221,7 @@ fn the_worker_runs_as_the_tickets_tables_owner_restricted() {
 #[test]
 fn advance_ticket_runs_as_the_tickets_tables_owner_not_the_counters() {
     let c = cluster();
-    let mut db = fresh_db(c, "t_adv_owner");
+    let mut db = c.fresh_db("t_adv_owner");
     db.batch_execute(
         "DROP ROLE IF EXISTS counters_owner_carol; CREATE ROLE counters_owner_carol;
          ALTER TABLE pgticket.scoped_counters OWNER TO counters_owner_carol;",
@@ -247,7 +237,7 @@ fn advance_ticket_runs_as_the_tickets_tables_owner_not_the_counters() {
 #[test]
 fn each_state_table_is_used_as_its_own_owner() {
     let c = cluster();
-    let mut db = fresh_db(c, "t_each_owner");
+    let mut db = c.fresh_db("t_each_owner");
     db.batch_execute(
         "DROP ROLE IF EXISTS counters_owner_dave; CREATE ROLE counters_owner_dave;
          ALTER TABLE pgticket.scoped_counters OWNER TO counters_owner_dave;",
@@ -264,7 +254,7 @@ fn each_state_table_is_used_as_its_own_owner() {
 #[test]
 fn a_locked_scope_stalls_only_itself_and_our_own_lock_is_refused_at_once() {
     let c = cluster();
-    let mut holder = fresh_db(c, "t_locks");
+    let mut holder = c.fresh_db("t_locks");
     let mut other = c.connect_as("postgres", "t_locks");
     let mut tx = holder.transaction().unwrap();
     tx.query_one("SELECT advance_ticket('held', 'x', 10)", &[]).unwrap();
@@ -322,7 +312,7 @@ fn a_locked_scope_stalls_only_itself_and_our_own_lock_is_refused_at_once() {
 #[test]
 fn every_cached_ticket_is_handed_out_before_the_top_of_bigint_is_reported() {
     let c = cluster();
-    let mut db = fresh_db(c, "t_top");
+    let mut db = c.fresh_db("t_top");
     db.query_one("SELECT advance_ticket('top', 'x', 9223372036854775807 - 100)", &[]).unwrap();
     let mut got = Vec::new();
     let err = loop {
@@ -436,7 +426,7 @@ fn a_locked_scope_under_a_synchronous_standby_waits_for_its_lock() {
 #[test]
 fn many_scopes_held_by_a_prepared_transaction_do_not_stall_fresh_ones() {
     let c = cluster();
-    let mut db = fresh_db(c, "t_prepared_locks");
+    let mut db = c.fresh_db("t_prepared_locks");
     db.batch_execute(
         "BEGIN; SELECT count(advance_ticket('held-' || i, 'd', 100)) FROM generate_series(1, 25) i;
          PREPARE TRANSACTION 't_prepared_locks';",
