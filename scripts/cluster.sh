@@ -5,7 +5,9 @@
 #   scripts/cluster.sh stop DIR [fast|immediate]
 #   scripts/cluster.sh up DIR            start an existing cluster again; with
 #                                        FAKETIME_OFFSET set (e.g. -5m), under
-#                                        faketime with the clock that far off
+#                                        faketime with the clock that far off;
+#                                        or FAKETIME_FILE set, with the offset
+#                                        read from that file on every call
 # PostgreSQL refuses to run as root, so as root the cluster belongs to the
 # `postgres` OS user; as anyone else, to that user. The socket lives in DIR
 # (keep DIR short: Unix socket paths are limited to ~107 bytes).
@@ -44,7 +46,13 @@ stop)
     as_owner "$PGBIN/pg_ctl" -D "$dir/data" -m "${3:-fast}" -w stop >/dev/null
     ;;
 up)
-    if [ -n "${FAKETIME_OFFSET:-}" ]; then
+    if [ -n "${FAKETIME_FILE:-}" ]; then
+        # The clock's offset read from a file on every call: a test steps
+        # the clock of the running server by writing it (e.g. +3600s).
+        lib=$(dpkg -L libfaketime | grep '/libfaketime\.so\.1$' | head -1)
+        as_owner env LD_PRELOAD="$lib" FAKETIME_TIMESTAMP_FILE="$FAKETIME_FILE" FAKETIME_NO_CACHE=1 \
+            FAKETIME_DONT_FAKE_MONOTONIC=1 "$PGBIN/pg_ctl" -D "$dir/data" -l "$dir/server.log" -w start >/dev/null
+    elif [ -n "${FAKETIME_OFFSET:-}" ]; then
         # libfaketime preloaded directly: the `faketime` wrapper waits for
         # every process that inherited it, the postmaster included.
         lib=$(dpkg -L libfaketime | grep '/libfaketime\.so\.1$' | head -1)

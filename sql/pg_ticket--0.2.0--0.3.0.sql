@@ -68,3 +68,74 @@ CREATE VIEW pgticket.prepared_holders AS
 COMMENT ON VIEW pgticket.prepared_holders IS
     'Prepared transactions holding a scoped counter or block name locked (end them with COMMIT PREPARED or ROLLBACK PREPARED)';
 REVOKE ALL ON pgticket.prepared_holders FROM PUBLIC;
+
+-- 0.3.0: machine-id leases (SPEC §8 rules 7, 9). Each lease has a secret,
+-- kept here only as its SHA-256, and the margin it was granted under (a
+-- margin lowered since does not shorten its holder's allowance). The
+-- registry's identity includes its server's start (any start may be a copy:
+-- it then holds off), and records the longest ttl and margin it allowed,
+-- which a dump carries. The sequence keeps when a change of state while the
+-- server ran (a database copied, a dump restored) was first seen: it is not
+-- transactional (the refusal that sees it rolls back) and not dumped.
+ALTER TABLE pgticket.machine_id_leases ADD COLUMN secret_hash bytea, ADD COLUMN margin_ms bigint;
+ALTER TABLE pgticket.lease_registry ADD COLUMN started_at timestamptz,
+    ADD COLUMN max_ttl_ms bigint NOT NULL DEFAULT 0, ADD COLUMN margin_ms bigint NOT NULL DEFAULT 0;
+CREATE SEQUENCE pgticket.lease_registry_seen;
+REVOKE ALL ON SEQUENCE pgticket.lease_registry_seen FROM PUBLIC;
+-- An updated registry's row is not its own (it has no start): it holds off
+-- once, from its first call, since 0.2.0 did not hold off at a restart.
+
+-- Leases need their secret: the functions change their signatures (0.2.0's
+-- leases have none, run to their end, and are not renewed).
+DROP FUNCTION lease_machine_id(text, interval);
+DROP FUNCTION renew_machine_id(integer, bigint, interval, bigint);
+DROP FUNCTION release_machine_id(integer, bigint, bigint);
+CREATE FUNCTION "lease_machine_id"(
+	"holder" text,
+	"ttl" interval DEFAULT '60 seconds'
+) RETURNS TABLE (
+	"machine_id" INT,
+	"lease" bigint,
+	"secret" TEXT,
+	"not_before_ms" bigint,
+	"expires_at" timestamp with time zone,
+	"epoch_ms" bigint
+)
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lease_machine_id_with_secret_wrapper';
+CREATE FUNCTION "renew_machine_id"(
+	"machine_id" INT,
+	"lease" bigint,
+	"secret" TEXT,
+	"ttl" interval DEFAULT '60 seconds',
+	"last_issued_ms" bigint DEFAULT NULL
+) RETURNS timestamp with time zone
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'renew_machine_id_with_secret_wrapper';
+CREATE FUNCTION "release_machine_id"(
+	"machine_id" INT,
+	"lease" bigint,
+	"secret" TEXT,
+	"last_issued_ms" bigint DEFAULT NULL
+) RETURNS void
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'release_machine_id_with_secret_wrapper';
+REVOKE EXECUTE ON FUNCTION lease_machine_id(text, interval) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION renew_machine_id(integer, bigint, text, interval, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION release_machine_id(integer, bigint, text, bigint) FROM PUBLIC;
+-- No view shows a lease's token to a role that is not the registry's owner.
+CREATE OR REPLACE VIEW pgticket.machine_leases AS
+    SELECT l.machine_id, l.holder,
+           CASE WHEN pg_catalog.pg_has_role(c.relowner, 'USAGE') THEN l.lease END AS lease,
+           l.leased_at, l.expires_at, l.last_issued_ms,
+           CASE WHEN l.revoked THEN 'revoked'
+                WHEN l.ended_at IS NOT NULL THEN 'released'
+                WHEN l.expires_at > pg_catalog.clock_timestamp() THEN 'held'
+                ELSE 'expired' END AS state
+      FROM pgticket.machine_id_leases l, pg_catalog.pg_class c
+     WHERE c.oid OPERATOR(pg_catalog.=) 'pgticket.machine_id_leases'::pg_catalog.regclass;
+COMMENT ON VIEW pgticket.machine_leases IS
+    'Each machine id''s latest lease: holder, fencing token (shown to the registry''s owner only), times, last reported stamp, state';

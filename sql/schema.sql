@@ -157,3 +157,19 @@ CREATE VIEW pgticket.prepared_holders AS
 COMMENT ON VIEW pgticket.prepared_holders IS
     'Prepared transactions holding a scoped counter or block name locked (end them with COMMIT PREPARED or ROLLBACK PREPARED)';
 REVOKE ALL ON pgticket.prepared_holders FROM PUBLIC;
+
+-- 0.3.0: machine-id leases (SPEC §8 rules 7, 9). Each lease has a secret,
+-- kept here only as its SHA-256, and the margin it was granted under (a
+-- margin lowered since does not shorten its holder's allowance). The
+-- registry's identity includes its server's start (any start may be a copy:
+-- it then holds off), and records the longest ttl and margin it allowed,
+-- which a dump carries. The sequence keeps when a change of state while the
+-- server ran (a database copied, a dump restored) was first seen: it is not
+-- transactional (the refusal that sees it rolls back) and not dumped.
+ALTER TABLE pgticket.machine_id_leases ADD COLUMN secret_hash bytea, ADD COLUMN margin_ms bigint;
+ALTER TABLE pgticket.lease_registry ADD COLUMN started_at timestamptz,
+    ADD COLUMN max_ttl_ms bigint NOT NULL DEFAULT 0, ADD COLUMN margin_ms bigint NOT NULL DEFAULT 0;
+CREATE SEQUENCE pgticket.lease_registry_seen;
+REVOKE ALL ON SEQUENCE pgticket.lease_registry_seen FROM PUBLIC;
+-- A new registry follows its own latest state: it was just created.
+UPDATE pgticket.lease_registry SET started_at = pg_catalog.pg_postmaster_start_time();

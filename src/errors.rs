@@ -19,6 +19,8 @@ pub enum TicketError {
     Snowflake(#[from] SnowflakeError),
     #[error("cannot allocate IDs {}", if *.standby { "on a hot standby" } else { "in a read-only transaction" })]
     ReadOnly { standby: bool },
+    #[error("{0}")]
+    BadConfiguration(String),
     #[error("{0}() needs pg_ticket in shared_preload_libraries")]
     NotPreloaded(&'static str),
     #[error("cannot allocate IDs after this transaction's marks were written at commit")]
@@ -74,7 +76,13 @@ impl TicketError {
             TicketError::NoSuchColumn { .. } => ERRCODE_UNDEFINED_COLUMN,
             TicketError::WrongColumnType { .. } => ERRCODE_DATATYPE_MISMATCH,
             TicketError::ValueDoesNotFit { .. } => ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
-            TicketError::Lease(LeaseError::BadTtl { .. } | LeaseError::TtlOverMax { .. } | LeaseError::BadIdList(_)) => {
+            TicketError::Lease(
+                LeaseError::BadTtl { .. }
+                | LeaseError::TtlOverMax { .. }
+                | LeaseError::BadIdList(_)
+                | LeaseError::BadSecret
+                | LeaseError::LastIssuedTooLate { .. },
+            ) => {
                 ERRCODE_INVALID_PARAMETER_VALUE
             }
             TicketError::Lease(LeaseError::NoneFree { .. }) => ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
@@ -83,6 +91,7 @@ impl TicketError {
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
             TicketError::ReadOnly { .. } => ERRCODE_READ_ONLY_SQL_TRANSACTION,
+            TicketError::BadConfiguration(_) => ERRCODE_CONFIG_FILE_ERROR,
         }
     }
 

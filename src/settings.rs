@@ -45,6 +45,9 @@ static MACHINE_LEASE_TTL: GucSetting<i32> = GucSetting::<i32>::new(60_000);
 /// Set once in `_PG_init`; read on every `snowflake_id()` call, so kept as
 /// plain atomics rather than re-reading and re-parsing the settings.
 static PRELOADED: AtomicBool = AtomicBool::new(false);
+/// `pg_ticket.lease_ids` in the configuration did not parse when this
+/// backend loaded the library (until a reload assigns a good one).
+static LEASE_IDS_REFUSED: AtomicBool = AtomicBool::new(false);
 static EPOCH_UNIX_MS: AtomicI64 = AtomicI64::new(DEFAULT_EPOCH_UNIX_MS);
 static MACHINE: AtomicI64 = AtomicI64::new(0);
 static TICKET_SERIES: AtomicI64 = AtomicI64::new(1 << 32 | 1);
@@ -116,6 +119,9 @@ pub fn init() {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
+    // Read before it is defined: a bad value in postgresql.conf would
+    // otherwise be a WARNING and the default, 0-1023.
+    let lease_ids_configured = raw_setting(c"pg_ticket.lease_ids");
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
             c"pg_ticket.lease_ids",
@@ -125,9 +131,16 @@ pub fn init() {
             GucContext::Sighup,
             GucFlags::default(),
             Some(check_lease_ids),
-            None,
+            Some(assign_lease_ids),
             None,
         );
+    }
+    if let Some(Err(e)) = lease_ids_configured.as_deref().map(parse_id_list) {
+        if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+            pgrx::error!("pg_ticket.lease_ids: {e}");
+        }
+        // Loaded by a registry's backend: it grants nothing until fixed.
+        LEASE_IDS_REFUSED.store(true, Ordering::Relaxed);
     }
     if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
         return;
@@ -352,6 +365,12 @@ unsafe extern "C-unwind" fn check_epoch(newval: *mut *mut c_char, _extra: *mut *
     unsafe { check_string(newval, true, |text| parse_epoch_ms(text).map(|_| ()).map_err(|e| e.to_string())) }
 }
 
+/// A value accepted (at a reload) replaces one refused at load.
+#[pg_guard]
+unsafe extern "C-unwind" fn assign_lease_ids(_newval: *const c_char, _extra: *mut c_void) {
+    LEASE_IDS_REFUSED.store(false, Ordering::Relaxed);
+}
+
 #[pg_guard]
 unsafe extern "C-unwind" fn check_lease_ids(newval: *mut *mut c_char, _extra: *mut *mut c_void, _source: pg_sys::GucSource::Type) -> bool {
     unsafe { check_string(newval, false, |text| parse_id_list(text).map(|_| ()).map_err(|e| e.to_string())) }
@@ -365,10 +384,16 @@ pub fn lease_max_ttl_ms() -> i64 {
     i64::from(LEASE_MAX_TTL.get())
 }
 
-/// The ids this registry may lease (checked when set).
-pub fn lease_ids() -> Vec<u16> {
+/// The ids this registry may lease (checked when set); refused while the
+/// configuration file's value is one PostgreSQL replaced by the default.
+pub fn lease_ids() -> Result<Vec<u16>, crate::errors::TicketError> {
+    if LEASE_IDS_REFUSED.load(Ordering::Relaxed) {
+        return Err(crate::errors::TicketError::BadConfiguration(
+            "pg_ticket.lease_ids in the configuration is not a list of machine ids (the server log says why); this registry grants nothing until it is fixed and reloaded".into(),
+        ));
+    }
     let text = LEASE_IDS.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
-    parse_id_list(&text).unwrap_or_else(|e| pgrx::error!("pg_ticket.lease_ids: {e}"))
+    Ok(parse_id_list(&text).unwrap_or_else(|e| pgrx::error!("pg_ticket.lease_ids: {e}")))
 }
 
 /// The ID space's epoch for a registry: this server's snowflake epoch, or,

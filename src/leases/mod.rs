@@ -17,7 +17,8 @@ use pgrx::datum::Interval;
 use pgrx::prelude::*;
 
 use crate::api::{name_arg, required};
-use crate::errors::{postgres_errors_as_raised, OrRaise};
+use crate::errors::{postgres_errors_as_raised, OrRaise, TicketError};
+use ticket_core::leases;
 use crate::names::Name;
 use crate::snowflake::timestamptz_or_error;
 
@@ -33,10 +34,11 @@ fn machine_id_arg(machine_id: Option<i32>) -> u16 {
     ticket_core::snowflake::check_machine_id(i64::from(id)).or_raise()
 }
 
-/// Lease a machine id for `ttl`: the id, the lease's fencing token, the
-/// time to stamp above, the expiry, and the ID space's epoch.
-#[pg_extern(volatile, parallel_unsafe)]
-fn lease_machine_id(
+/// Lease a machine id for `ttl`: the id, the lease's fencing token, its
+/// secret (renew and release need it), the time to stamp above, the expiry,
+/// and the ID space's epoch.
+#[pg_extern(name = "lease_machine_id", volatile, parallel_unsafe)]
+fn lease_machine_id_with_secret(
     holder: Option<Name<'_>>,
     ttl: default!(Option<Interval>, "'60 seconds'"),
 ) -> TableIterator<
@@ -44,6 +46,7 @@ fn lease_machine_id(
     (
         name!(machine_id, i32),
         name!(lease, i64),
+        name!(secret, String),
         name!(not_before_ms, i64),
         name!(expires_at, TimestampWithTimeZone),
         name!(epoch_ms, i64),
@@ -55,6 +58,7 @@ fn lease_machine_id(
         TableIterator::once((
             i32::from(grant.machine_id),
             grant.lease,
+            leases::secret_text(grant.secret),
             grant.not_before_ms,
             timestamptz_or_error(grant.expires_at_ms),
             grant.epoch_ms,
@@ -62,29 +66,67 @@ fn lease_machine_id(
     })
 }
 
-/// Extend a live lease by `ttl` from now; the new expiry.
-#[pg_extern(volatile, parallel_unsafe)]
-fn renew_machine_id(
+fn secret_arg(secret: Option<&str>) -> u128 {
+    leases::parse_secret(required("secret", secret)).or_raise()
+}
+
+/// Extend a live lease to `ttl` from now (never earlier than it ran); the
+/// new expiry.
+#[pg_extern(name = "renew_machine_id", volatile, parallel_unsafe)]
+fn renew_machine_id_with_secret(
     machine_id: Option<i32>,
     lease: Option<i64>,
+    secret: Option<&str>,
     ttl: default!(Option<Interval>, "'60 seconds'"),
     last_issued_ms: default!(Option<i64>, "NULL"),
 ) -> TimestampWithTimeZone {
     postgres_errors_as_raised(|| {
         let id = machine_id_arg(machine_id);
         let lease = required("lease", lease);
-        timestamptz_or_error(registry::renew(id, lease, ttl_ms(ttl), last_issued_ms).or_raise())
+        let secret = secret_arg(secret);
+        timestamptz_or_error(registry::renew(id, lease, secret, ttl_ms(ttl), last_issued_ms).or_raise())
     })
 }
 
 /// End a lease now, reporting the last timestamp stamped with it.
-#[pg_extern(volatile, parallel_unsafe)]
-fn release_machine_id(machine_id: Option<i32>, lease: Option<i64>, last_issued_ms: default!(Option<i64>, "NULL")) {
+#[pg_extern(name = "release_machine_id", volatile, parallel_unsafe)]
+fn release_machine_id_with_secret(
+    machine_id: Option<i32>,
+    lease: Option<i64>,
+    secret: Option<&str>,
+    last_issued_ms: default!(Option<i64>, "NULL"),
+) {
     postgres_errors_as_raised(|| {
         let id = machine_id_arg(machine_id);
         let lease = required("lease", lease);
-        registry::release(id, lease, last_issued_ms).or_raise()
+        let secret = secret_arg(secret);
+        registry::release(id, lease, secret, last_issued_ms).or_raise()
     })
+}
+
+/// 0.2.0's lease functions (bound to these symbols) on this library, before
+/// `ALTER EXTENSION pg_ticket UPDATE`: their leases have no secret, so
+/// they are refused rather than served (SPEC §8 rule 9).
+fn needs_update() -> ! {
+    TicketError::StateTableUnfit(
+        "machine-id leases need ALTER EXTENSION pg_ticket UPDATE: this library (0.3.0) gives every lease a secret, and the catalog has 0.2.0's functions".into(),
+    )
+    .raise()
+}
+
+#[pg_extern(sql = false)]
+fn lease_machine_id(_holder: Option<&str>, _ttl: Option<Interval>) -> TableIterator<'static, (name!(machine_id, i32),)> {
+    needs_update()
+}
+
+#[pg_extern(sql = false)]
+fn renew_machine_id(_machine_id: Option<i32>, _lease: Option<i64>, _ttl: Option<Interval>, _last: Option<i64>) -> TimestampWithTimeZone {
+    needs_update()
+}
+
+#[pg_extern(sql = false)]
+fn release_machine_id(_machine_id: Option<i32>, _lease: Option<i64>, _last: Option<i64>) {
+    needs_update()
 }
 
 /// Admin: end the id's live lease now (its id stays unleased until the
@@ -97,20 +139,23 @@ fn revoke_machine_lease(machine_id: Option<i32>) -> bool {
 extension_sql!(
     r#"
 CREATE VIEW pgticket.machine_leases AS
-    SELECT machine_id, holder, lease, leased_at, expires_at, last_issued_ms,
-           CASE WHEN revoked THEN 'revoked'
-                WHEN ended_at IS NOT NULL THEN 'released'
-                WHEN expires_at > pg_catalog.clock_timestamp() THEN 'held'
+    SELECT l.machine_id, l.holder,
+           CASE WHEN pg_catalog.pg_has_role(c.relowner, 'USAGE') THEN l.lease END AS lease,
+           l.leased_at, l.expires_at, l.last_issued_ms,
+           CASE WHEN l.revoked THEN 'revoked'
+                WHEN l.ended_at IS NOT NULL THEN 'released'
+                WHEN l.expires_at > pg_catalog.clock_timestamp() THEN 'held'
                 ELSE 'expired' END AS state
-      FROM pgticket.machine_id_leases;
+      FROM pgticket.machine_id_leases l, pg_catalog.pg_class c
+     WHERE c.oid OPERATOR(pg_catalog.=) 'pgticket.machine_id_leases'::pg_catalog.regclass;
 COMMENT ON VIEW pgticket.machine_leases IS
-    'Each machine id''s latest lease: holder, fencing token, times, last reported stamp, state';
+    'Each machine id''s latest lease: holder, fencing token (shown to the registry''s owner only), times, last reported stamp, state';
 REVOKE ALL ON pgticket.machine_leases FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION lease_machine_id(text, interval) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION renew_machine_id(integer, bigint, interval, bigint) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION release_machine_id(integer, bigint, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION renew_machine_id(integer, bigint, text, interval, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION release_machine_id(integer, bigint, text, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION revoke_machine_lease(integer) FROM PUBLIC;
 "#,
     name = "lease_views",
-    requires = [lease_machine_id, renew_machine_id, release_machine_id, revoke_machine_lease, "schema"]
+    requires = [lease_machine_id_with_secret, renew_machine_id_with_secret, release_machine_id_with_secret, revoke_machine_lease, "schema"]
 );

@@ -15,13 +15,23 @@
 //! CONFLICT DO NOTHING`, which lets exactly one of two concurrent grants
 //! have it. Renewals, releases and revocations lock their one row.
 //!
-//! Identity: `pgticket.lease_registry` says which server, timeline and
-//! database the registry has served as since when. CREATE EXTENSION writes
-//! it; a restore from a dump (the dumped row next to the new one), a
-//! promotion (another timeline) or a pg_upgrade (another system
-//! identifier) shows as a mismatch, and then the registry grants nothing
-//! until the longest ttl plus the margin after it started serving (SPEC §8
-//! rule 7), and refuses to renew any lease granted before.
+//! Identity (SPEC §8 rule 7): `pgticket.lease_registry` says which server,
+//! timeline, database and postmaster start the registry has served as.
+//! Any start may be a copy (a base backup or snapshot started on the same
+//! timeline, a restored VM), so nothing proves a started registry follows
+//! its own latest state: after every start of its server, a promotion, a
+//! restore from a dump or a copy of its database, its row is not its own,
+//! and it grants nothing until the longest ttl it ever allowed plus the
+//! margin has passed since it started serving. It renews the leases it
+//! knows meanwhile: only their holders have their secrets, and none of
+//! their ids was granted to anyone else before they ended.
+//!
+//! When it started serving: the first call that saw its row not its own,
+//! kept in the sequence `pgticket.lease_registry_seen`, which is not
+//! transactional (the refusal that sees it rolls back) and not dumped; a
+//! sighting from before the server's start, the timeline's start or the
+//! last settle is not this state's. The first grant after the hold-off,
+//! under a table lock, makes the row its own again.
 
 use pgrx::datum::{DatumWithOid, TimestampWithTimeZone};
 use pgrx::pg_sys;
@@ -33,14 +43,15 @@ use crate::errors::TicketError;
 use crate::names::Name;
 use crate::snowflake::{now_unix_ms, timestamptz_or_error, unix_ms_of_timestamptz};
 use crate::{settings, xact};
-use ticket_core::leases::{self, CurrentLease, Grant, LastLease, LeaseError};
+use ticket_core::leases::{self, CurrentLease, Grant, LastLease, LeaseError, SecretCheck};
 
-/// This registry as a server, timeline and database.
+/// This registry as a server, timeline, database and start.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct Identity {
     system_identifier: i64,
     timeline: i32,
     database: pg_sys::Oid,
+    started_ms: i64,
 }
 
 fn identity() -> Identity {
@@ -50,19 +61,22 @@ fn identity() -> Identity {
             system_identifier: pg_sys::GetSystemIdentifier() as i64,
             timeline: pg_sys::GetWALInsertionTimeLine() as i32,
             database: pg_sys::MyDatabaseId,
+            started_ms: postmaster_start_ms(),
         }
     }
 }
 
-/// Since when the registry has known every lease it granted, and from when
-/// it grants.
+/// From when the registry grants, and whether its identity row is its own.
 struct Serving {
-    /// Leases granted before this may have been superseded by grants the
-    /// registry forgot: they are not renewed.
-    since_ms: i64,
     grants_from_ms: i64,
     /// The identity row is this registry's alone: nothing to settle.
     settled: bool,
+    /// The longest ttl and margin it ever allowed (its settings now, and
+    /// what its rows recorded — a dump carries them).
+    max_ttl_ms: i64,
+    margin_ms: i64,
+    /// Its row records less than its settings allow now.
+    record_settings: bool,
 }
 
 fn ts(unix_ms: i64) -> DatumWithOid<'static> {
@@ -84,10 +98,32 @@ fn timeline_start_ms(timeline: i32) -> Option<i64> {
     Some(modified.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as i64)
 }
 
-fn serving(client: &SpiClient<'_>, me: Identity) -> Result<Serving, SpiError> {
-    let mut rows = Vec::new();
+const SEEN: &str = "'pgticket.lease_registry_seen'::pg_catalog.regclass";
+
+/// When this registry started serving in its present state: the first call
+/// that saw it unsettled, recorded now if no call did. A recorded sighting
+/// counts only if it is later than the server's (or timeline's) start and
+/// than every identity row's `grants_from` (each row was written when a
+/// registry settled, or was created, so a sighting from before a settle —
+/// or one copied with a database from a template — is not this state's).
+/// Nothing resets it: a settle whose transaction rolls back (no id free)
+/// leaves the sighting, and the hold-off, as they were.
+fn serving_since_ms(client: &mut SpiClient<'_>, me: Identity, latest_row_ms: i64) -> Result<i64, SpiError> {
+    let floor_ms = me.started_ms.max(timeline_start_ms(me.timeline).unwrap_or(i64::MIN)).max(latest_row_ms);
+    let seen_ms: i64 = client.select("SELECT last_value FROM pgticket.lease_registry_seen", None, &[])?.first().get_one()?.unwrap_or(0);
+    if seen_ms >= floor_ms {
+        return Ok(seen_ms);
+    }
+    let now_ms = now_unix_ms();
+    client.update(&format!("SELECT pg_catalog.setval({SEEN}, $1)"), None, &[now_ms.into()])?;
+    Ok(now_ms)
+}
+
+fn serving(client: &mut SpiClient<'_>, me: Identity) -> Result<Serving, SpiError> {
+    let (mut rows, mut latest_row_ms) = (Vec::new(), i64::MIN);
     for row in client.select(
-        "SELECT system_identifier, timeline, database_oid, grants_from FROM pgticket.lease_registry",
+        "SELECT system_identifier, timeline, database_oid, started_at, max_ttl_ms, margin_ms, grants_from \
+           FROM pgticket.lease_registry",
         None,
         &[],
     )? {
@@ -95,43 +131,50 @@ fn serving(client: &SpiClient<'_>, me: Identity) -> Result<Serving, SpiError> {
             system_identifier: row.get::<i64>(1)?.unwrap_or_default(),
             timeline: row.get::<i32>(2)?.unwrap_or_default(),
             database: row.get::<pg_sys::Oid>(3)?.unwrap_or_default(),
+            // Through the same conversion as the server's own start.
+            started_ms: ms(row.get::<TimestampWithTimeZone>(4)?).unwrap_or(i64::MIN),
         };
-        rows.push((id, ms(row.get::<TimestampWithTimeZone>(4)?).unwrap_or(i64::MAX)));
+        rows.push((id, row.get::<i64>(5)?.unwrap_or_default(), row.get::<i64>(6)?.unwrap_or_default()));
+        latest_row_ms = latest_row_ms.max(ms(row.get::<TimestampWithTimeZone>(7)?).unwrap_or(i64::MAX));
     }
-    if let [(id, grants_from_ms)] = rows[..] {
+    let (ttl_now, margin_now) = (settings::lease_max_ttl_ms(), settings::lease_margin_ms());
+    let max_ttl_ms = rows.iter().map(|r| r.1).fold(ttl_now, i64::max);
+    let margin_ms = rows.iter().map(|r| r.2).fold(margin_now, i64::max);
+    let record_settings = rows.iter().any(|r| r.1 < ttl_now || r.2 < margin_now);
+    if let [(id, _, _)] = rows[..] {
         if id == me {
-            return Ok(Serving { since_ms: i64::MIN, grants_from_ms, settled: true });
+            return Ok(Serving { grants_from_ms: i64::MIN, settled: true, max_ttl_ms, margin_ms, record_settings });
         }
     }
-    let since_ms = match rows.iter().filter(|(id, _)| *id == me).map(|(_, t)| *t).max() {
-        // A restore: CREATE EXTENSION wrote this row, the dump the others.
-        Some(created_ms) => created_ms,
-        None if rows.iter().any(|(id, _)| id.system_identifier == me.system_identifier && id.database == me.database) => {
-            timeline_start_ms(me.timeline).unwrap_or_else(postmaster_start_ms).max(0)
-        }
-        // Another server's rows (pg_upgrade, a copied cluster): since it started.
-        None => postmaster_start_ms(),
-    };
-    let grants_from_ms = leases::grants_resume_at(since_ms, settings::lease_max_ttl_ms(), settings::lease_margin_ms());
-    Ok(Serving { since_ms, grants_from_ms, settled: false })
+    let since_ms = serving_since_ms(client, me, latest_row_ms)?;
+    let grants_from_ms = leases::grants_resume_at(since_ms, max_ttl_ms, margin_ms);
+    Ok(Serving { grants_from_ms, settled: false, max_ttl_ms, margin_ms, record_settings })
 }
 
-/// Make the registry's identity row its own, end every lease it may have
-/// forgotten the successor of, and move the tokens past any it may have
+/// Make the registry's identity row its own (under a lock, so concurrent
+/// first grants write one row), and move the tokens past any it may have
 /// forgotten (Unix microseconds: more than the grants any registry can
-/// have made since an earlier such move).
+/// have made since an earlier such move). The leases it knows stay as they
+/// are: their holders renew them.
 fn settle(client: &mut SpiClient<'_>, me: Identity, serving: &Serving) -> Result<(), SpiError> {
-    client.update(
-        "UPDATE pgticket.machine_id_leases SET revoked = true, ended_at = $1 \
-          WHERE ended_at IS NULL AND leased_at OPERATOR(pg_catalog.<) $1",
-        None,
-        &[ts(serving.since_ms)],
-    )?;
+    client.update("LOCK TABLE pgticket.lease_registry IN EXCLUSIVE MODE", None, &[])?;
+    if serving_again(client, me)? {
+        return Ok(());
+    }
     client.update("DELETE FROM pgticket.lease_registry", None, &[])?;
     client.update(
-        "INSERT INTO pgticket.lease_registry (system_identifier, timeline, database_oid, grants_from) VALUES ($1, $2, $3, $4)",
+        "INSERT INTO pgticket.lease_registry (system_identifier, timeline, database_oid, grants_from, started_at, max_ttl_ms, margin_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
         None,
-        &[me.system_identifier.into(), me.timeline.into(), me.database.into(), ts(serving.grants_from_ms)],
+        &[
+            me.system_identifier.into(),
+            me.timeline.into(),
+            me.database.into(),
+            ts(serving.grants_from_ms),
+            ts(me.started_ms),
+            serving.max_ttl_ms.into(),
+            serving.margin_ms.into(),
+        ],
     )?;
     client.update(
         "SELECT pg_catalog.setval('pgticket.lease_tokens'::pg_catalog.regclass, \
@@ -142,9 +185,16 @@ fn settle(client: &mut SpiClient<'_>, me: Identity, serving: &Serving) -> Result
     Ok(())
 }
 
-const LEASE_COLUMNS: &str = "machine_id, lease, leased_at, expires_at, ended_at, revoked, last_issued_ms, not_before_ms";
+/// Settled by a concurrent grant while this one waited for the lock?
+fn serving_again(client: &mut SpiClient<'_>, me: Identity) -> Result<bool, SpiError> {
+    Ok(serving(client, me)?.settled)
+}
 
-fn leases_of(table: SpiTupleTable<'_>) -> Result<Vec<(CurrentLease, LastLease)>, SpiError> {
+const LEASE_COLUMNS: &str = "machine_id, lease, leased_at, expires_at, ended_at, revoked, last_issued_ms, not_before_ms, margin_ms";
+
+/// Each row's lease, and (with `secret_match`, a column compared with the
+/// secret given) how the secret compares.
+fn leases_of(table: SpiTupleTable<'_>, secret_match: bool) -> Result<Vec<(CurrentLease, LastLease, SecretCheck)>, SpiError> {
     let mut out = Vec::new();
     for row in table {
         let current = CurrentLease {
@@ -161,23 +211,59 @@ fn leases_of(table: SpiTupleTable<'_>) -> Result<Vec<(CurrentLease, LastLease)>,
             revoked: current.revoked,
             last_issued_ms: row.get::<i64>(7)?,
             not_before_ms: row.get::<i64>(8)?.unwrap_or_default(),
+            margin_ms: row.get::<i64>(9)?,
         };
-        out.push((current, last));
+        let secret = match secret_match.then(|| row.get::<bool>(10)).transpose()?.flatten() {
+            Some(true) => SecretCheck::Matches,
+            Some(false) => SecretCheck::Differs,
+            None if secret_match => SecretCheck::NoneOnRecord,
+            None => SecretCheck::Differs,
+        };
+        out.push((current, last, secret));
     }
     Ok(out)
 }
 
+/// The hash a lease's secret is kept as: the table never holds a secret.
+const SECRET_HASH: &str = "pg_catalog.sha256(pg_catalog.decode($2, 'hex'))";
+
 /// Lock one id's row: waiting for another call on it (those are short), or
-/// with `skip_locked` not waiting (None if another call holds it).
-/// Locking reads run as updates: SPI refuses FOR UPDATE in a read-only one.
-fn lock_lease(client: &mut SpiClient<'_>, machine_id: u16, skip_locked: bool) -> Result<Option<(CurrentLease, LastLease)>, SpiError> {
+/// with `skip_locked` not waiting (None if another call holds it); with a
+/// secret, say how it compares. Locking reads run as updates: SPI refuses
+/// FOR UPDATE in a read-only one.
+fn lock_lease(
+    client: &mut SpiClient<'_>,
+    machine_id: u16,
+    skip_locked: bool,
+    secret: Option<u128>,
+) -> Result<Option<(CurrentLease, LastLease, SecretCheck)>, SpiError> {
     let skip = if skip_locked { " SKIP LOCKED" } else { "" };
-    let table = client.update(
-        &format!("SELECT {LEASE_COLUMNS} FROM pgticket.machine_id_leases WHERE machine_id OPERATOR(pg_catalog.=) $1 FOR UPDATE{skip}"),
-        None,
-        &[i32::from(machine_id).into()],
-    )?;
-    Ok(leases_of(table)?.pop())
+    let table = match secret {
+        Some(secret) => client.update(
+            &format!(
+                "SELECT {LEASE_COLUMNS}, secret_hash OPERATOR(pg_catalog.=) {SECRET_HASH} FROM pgticket.machine_id_leases \
+                  WHERE machine_id OPERATOR(pg_catalog.=) $1 FOR UPDATE{skip}"
+            ),
+            None,
+            &[i32::from(machine_id).into(), leases::secret_text(secret).into()],
+        )?,
+        None => client.update(
+            &format!("SELECT {LEASE_COLUMNS} FROM pgticket.machine_id_leases WHERE machine_id OPERATOR(pg_catalog.=) $1 FOR UPDATE{skip}"),
+            None,
+            &[i32::from(machine_id).into()],
+        )?,
+    };
+    Ok(leases_of(table, secret.is_some())?.pop())
+}
+
+/// 128 bits from the operating system's secure source, as PostgreSQL's own
+/// salts and cancel keys are made.
+fn new_secret() -> u128 {
+    let mut bytes = [0u8; 16];
+    if !unsafe { pg_sys::pg_strong_random(bytes.as_mut_ptr().cast(), bytes.len()) } {
+        pgrx::error!("pg_ticket: could not generate a random lease secret");
+    }
+    u128::from_le_bytes(bytes)
 }
 
 /// Runs `f` as the tables' owner with SPI connected; a failed statement is
@@ -198,7 +284,7 @@ fn with_registry<R>(f: impl FnOnce(&mut SpiClient<'_>) -> Result<Result<R, Ticke
 pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
     leases::check_ttl_within(ttl_ms, settings::lease_max_ttl_ms())?;
     let margin_ms = settings::lease_margin_ms();
-    let allowed = settings::lease_ids();
+    let allowed = settings::lease_ids()?;
     with_registry(|client| {
         let me = identity();
         let serving = serving(client, me)?;
@@ -208,45 +294,71 @@ pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
         }
         if !serving.settled {
             settle(client, me, &serving)?;
+        } else if serving.record_settings {
+            // A dump carries the longest ttl and margin this registry allowed.
+            client.update(
+                "UPDATE pgticket.lease_registry SET max_ttl_ms = GREATEST(max_ttl_ms, $1), margin_ms = GREATEST(margin_ms, $2)",
+                None,
+                &[settings::lease_max_ttl_ms().into(), margin_ms.into()],
+            )?;
         }
-        let rows: HashMap<u16, LastLease> = leases_of(client.select(
-            &format!("SELECT {LEASE_COLUMNS} FROM pgticket.machine_id_leases"),
-            None,
-            &[],
-        )?)?
+        let rows: HashMap<u16, LastLease> = leases_of(
+            client.select(&format!("SELECT {LEASE_COLUMNS} FROM pgticket.machine_id_leases"), None, &[])?,
+            false,
+        )?
         .into_iter()
-        .map(|(c, l)| (c.machine_id, l))
+        .map(|(c, l, _)| (c.machine_id, l))
         .collect();
         let own = settings::own_snowflake_machine_id();
         let available = leases::availability(&allowed, own, |id| rows.get(&id).copied(), now_ms, margin_ms);
+        let secret = new_secret();
         for id in available.free {
             let (granted, leased_at_ms, not_before_ms) = if rows.contains_key(&id) {
                 // Locked by another grant, or changed since it was read.
-                let Some((_, last)) = lock_lease(client, id, true)? else { continue };
+                let Some((_, last, _)) = lock_lease(client, id, true, None)? else { continue };
                 let leased_at_ms = now_unix_ms();
                 if last.free_from_ms(margin_ms) > leased_at_ms {
                     continue;
                 }
                 let not_before_ms = last.not_before_ms(margin_ms);
                 let granted = client.update(
-                    "UPDATE pgticket.machine_id_leases SET holder = $2, lease = pg_catalog.nextval('pgticket.lease_tokens'::pg_catalog.regclass), \
-                        leased_at = $3, expires_at = $4, ended_at = NULL, revoked = false, \
-                        last_issued_ms = NULL, not_before_ms = $5 \
-                      WHERE machine_id OPERATOR(pg_catalog.=) $1 RETURNING lease",
+                    &format!(
+                        "UPDATE pgticket.machine_id_leases SET holder = $3, lease = pg_catalog.nextval('pgticket.lease_tokens'::pg_catalog.regclass), \
+                            secret_hash = {SECRET_HASH}, leased_at = $4, expires_at = $5, ended_at = NULL, revoked = false, \
+                            last_issued_ms = NULL, not_before_ms = $6, margin_ms = $7 \
+                          WHERE machine_id OPERATOR(pg_catalog.=) $1 RETURNING lease"
+                    ),
                     None,
-                    &[i32::from(id).into(), holder.to_datum(), ts(leased_at_ms), ts(leased_at_ms + ttl_ms), not_before_ms.into()],
+                    &[
+                        i32::from(id).into(),
+                        leases::secret_text(secret).into(),
+                        holder.to_datum(),
+                        ts(leased_at_ms),
+                        ts(leased_at_ms + ttl_ms),
+                        not_before_ms.into(),
+                        margin_ms.into(),
+                    ],
                 )?;
                 (granted, leased_at_ms, not_before_ms)
             } else {
                 // Never leased: nobody stamped with it, nothing to wait for.
                 let leased_at_ms = now_unix_ms();
                 let granted = client.update(
-                    "INSERT INTO pgticket.machine_id_leases \
-                        (machine_id, holder, lease, leased_at, expires_at, not_before_ms) \
-                     VALUES ($1, $2, pg_catalog.nextval('pgticket.lease_tokens'::pg_catalog.regclass), $3, $4, 0) \
-                     ON CONFLICT DO NOTHING RETURNING lease",
+                    &format!(
+                        "INSERT INTO pgticket.machine_id_leases \
+                            (machine_id, holder, lease, secret_hash, leased_at, expires_at, not_before_ms, margin_ms) \
+                         VALUES ($1, $3, pg_catalog.nextval('pgticket.lease_tokens'::pg_catalog.regclass), {SECRET_HASH}, $4, $5, 0, $6) \
+                         ON CONFLICT DO NOTHING RETURNING lease"
+                    ),
                     None,
-                    &[i32::from(id).into(), holder.to_datum(), ts(leased_at_ms), ts(leased_at_ms + ttl_ms)],
+                    &[
+                        i32::from(id).into(),
+                        leases::secret_text(secret).into(),
+                        holder.to_datum(),
+                        ts(leased_at_ms),
+                        ts(leased_at_ms + ttl_ms),
+                        margin_ms.into(),
+                    ],
                 )?;
                 // Empty: another grant took it first.
                 (granted, leased_at_ms, 0)
@@ -262,6 +374,7 @@ pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
                 expires_at_ms: leased_at_ms + ttl_ms,
                 epoch_ms: settings::registry_epoch_unix_ms(),
                 margin_ms,
+                secret,
             }));
         }
         Ok(Err(LeaseError::NoneFree {
@@ -273,42 +386,54 @@ pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
     })
 }
 
-pub fn renew(machine_id: u16, lease: i64, ttl_ms: i64, last_issued_ms: Option<i64>) -> Result<i64, TicketError> {
+pub fn renew(machine_id: u16, lease: i64, secret: u128, ttl_ms: i64, last_issued_ms: Option<i64>) -> Result<i64, TicketError> {
     leases::check_ttl_within(ttl_ms, settings::lease_max_ttl_ms())?;
+    let margin_ms = settings::lease_margin_ms();
     with_registry(|client| {
-        let serving = serving(client, identity())?;
-        let current = lock_lease(client, machine_id, false)?.map(|(c, _)| c);
+        let locked = lock_lease(client, machine_id, false, Some(secret))?;
         let now_ms = now_unix_ms();
-        if let Err(e) = leases::check_renewal(current.as_ref(), machine_id, lease, now_ms, serving.since_ms) {
+        let (current, secret_check) = (locked.map(|(c, _, _)| c), locked.map_or(SecretCheck::Differs, |(_, _, s)| s));
+        if let Err(e) = leases::check_renewal(current.as_ref(), machine_id, lease, secret_check, now_ms) {
             return Ok(Err(e.into()));
         }
-        let expires_at_ms = now_ms + ttl_ms;
+        let (current, last) = locked.map(|(c, l, _)| (c, l)).expect("checked above");
+        let expires_at_ms = leases::renewed_expiry_ms(current.expires_at_ms, now_ms, ttl_ms);
+        let margin_ms = last.margin_ms.map_or(margin_ms, |own| own.max(margin_ms));
+        if let Err(e) = leases::check_last_issued(lease, last_issued_ms, expires_at_ms, margin_ms) {
+            return Ok(Err(e.into()));
+        }
         client.update(
-            "UPDATE pgticket.machine_id_leases SET expires_at = $2, \
+            "UPDATE pgticket.machine_id_leases SET expires_at = $2, margin_ms = $4, \
                     last_issued_ms = GREATEST(last_issued_ms, $3) \
               WHERE machine_id OPERATOR(pg_catalog.=) $1",
             None,
-            &[i32::from(machine_id).into(), ts(expires_at_ms), last_issued_ms.into()],
+            &[i32::from(machine_id).into(), ts(expires_at_ms), last_issued_ms.into(), margin_ms.into()],
         )?;
         Ok(Ok(expires_at_ms))
     })
 }
 
-pub fn release(machine_id: u16, lease: i64, last_issued_ms: Option<i64>) -> Result<(), TicketError> {
+pub fn release(machine_id: u16, lease: i64, secret: u128, last_issued_ms: Option<i64>) -> Result<(), TicketError> {
+    let margin_ms = settings::lease_margin_ms();
     with_registry(|client| {
-        let current = lock_lease(client, machine_id, false)?.map(|(c, _)| c);
-        if let Err(e) = leases::check_release(current.as_ref(), machine_id, lease) {
+        let locked = lock_lease(client, machine_id, false, Some(secret))?;
+        let secret_check = locked.map_or(SecretCheck::Differs, |(_, _, s)| s);
+        if let Err(e) = leases::check_release(locked.map(|(c, _, _)| c).as_ref(), machine_id, lease, secret_check) {
             return Ok(Err(e.into()));
         }
+        let (_, last, _) = locked.expect("checked above");
         // A lease ends at its release or its expiry, whichever came first;
         // a second release changes only the reported stamp.
+        let ended = LastLease { ended_at_ms: Some(last.ended_at_ms.unwrap_or(now_unix_ms()).min(last.expires_at_ms)), ..last };
+        if let Err(e) = leases::check_last_issued(lease, last_issued_ms, ended.end_ms(), last.margin_ms.map_or(margin_ms, |own| own.max(margin_ms))) {
+            return Ok(Err(e.into()));
+        }
         client.update(
             "UPDATE pgticket.machine_id_leases \
-                SET ended_at = coalesce(ended_at, LEAST($2, expires_at)), \
-                    last_issued_ms = GREATEST(last_issued_ms, $3) \
+                SET ended_at = coalesce(ended_at, $2), last_issued_ms = GREATEST(last_issued_ms, $3) \
               WHERE machine_id OPERATOR(pg_catalog.=) $1",
             None,
-            &[i32::from(machine_id).into(), ts(now_unix_ms()), last_issued_ms.into()],
+            &[i32::from(machine_id).into(), ts(ended.ended_at_ms.expect("set above")), last_issued_ms.into()],
         )?;
         Ok(Ok(()))
     })
@@ -317,7 +442,7 @@ pub fn release(machine_id: u16, lease: i64, last_issued_ms: Option<i64>) -> Resu
 /// End the id's lease now; true if a live one was ended.
 pub fn revoke(machine_id: u16) -> Result<bool, TicketError> {
     with_registry(|client| {
-        let Some((current, _)) = lock_lease(client, machine_id, false)? else { return Ok(Ok(false)) };
+        let Some((current, _, _)) = lock_lease(client, machine_id, false, None)? else { return Ok(Ok(false)) };
         let now_ms = now_unix_ms();
         if current.ended_at_ms.is_some() || current.expires_at_ms <= now_ms {
             return Ok(Ok(false));

@@ -28,6 +28,8 @@ use std::sync::atomic::{fence, AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
 use ticket_client::clock::boot_ms;
 use ticket_client::keeper::{LeaseHolder, LeaseKeeper, Published};
+use ticket_core::leases::{Reckoning, StampRefusal};
+use ticket_core::snowflake::{MACHINE_BITS, SEQUENCE_BITS};
 
 use crate::errors::TicketError;
 use crate::settings;
@@ -41,8 +43,15 @@ pub struct LeaseSlot {
     machine_id: AtomicI64,
     held: AtomicBool,
     token: AtomicI64,
-    /// Boot-clock ms at which the lease may be over (request sent + ttl).
-    valid_until_boot_ms: AtomicI64,
+    /// The holder's reckoning (`ticket_core::leases::Reckoning`): boot-clock
+    /// ms the request was sent and its ttl, the clocks at the reply, the
+    /// last stamp allowed, and the drift allowed between the clocks.
+    sent_at_boot_ms: AtomicI64,
+    ttl_ms: AtomicI64,
+    replied_boot_ms: AtomicI64,
+    replied_wall_ms: AtomicI64,
+    stamp_cap_ms: AtomicI64,
+    drift_allowed_ms: AtomicI64,
     /// The registry's expiry as last heard (Unix ms), for the status view.
     expires_at_unix_ms: AtomicI64,
     /// This server's clock minus the registry's while they disagree by
@@ -66,7 +75,7 @@ pub struct Snapshot {
     pub machine_id: Option<u16>,
     last_machine_id: Option<u16>,
     pub token: i64,
-    pub valid_until_boot_ms: i64,
+    pub reckoning: Reckoning,
     pub expires_at_unix_ms: i64,
     skewed: Option<i64>,
     epoch_differs: bool,
@@ -85,7 +94,14 @@ pub fn snapshot() -> Snapshot {
             machine_id: id.filter(|_| s.held.load(Ordering::Relaxed)),
             last_machine_id: id,
             token: s.token.load(Ordering::Relaxed),
-            valid_until_boot_ms: s.valid_until_boot_ms.load(Ordering::Relaxed),
+            reckoning: Reckoning {
+                sent_at_ms: s.sent_at_boot_ms.load(Ordering::Relaxed),
+                ttl_ms: s.ttl_ms.load(Ordering::Relaxed),
+                replied_boot_ms: s.replied_boot_ms.load(Ordering::Relaxed),
+                replied_wall_ms: s.replied_wall_ms.load(Ordering::Relaxed),
+                stamp_cap_ms: s.stamp_cap_ms.load(Ordering::Relaxed),
+                drift_allowed_ms: s.drift_allowed_ms.load(Ordering::Relaxed),
+            },
             expires_at_unix_ms: s.expires_at_unix_ms.load(Ordering::Relaxed),
             skewed: Some(s.clock_skew_ms.load(Ordering::Relaxed)).filter(|&skew| skew != 0),
             epoch_differs: s.epoch_differs.load(Ordering::Relaxed),
@@ -121,10 +137,15 @@ impl Snapshot {
         if let Some(skew) = self.skewed {
             return refuse(format!("this server's clock differs from the registry's by {skew} ms, more than half pg_ticket.lease_margin"));
         }
-        if boot_ms() >= self.valid_until_boot_ms {
-            return refuse(format!("the lease of machine id {id} may have ended (no renewal from the registry in time)"));
+        match self.reckoning.check(boot_ms(), super::now_unix_ms()) {
+            Ok(()) => Ok(id),
+            Err(StampRefusal::MayHaveEnded) => {
+                refuse(format!("the lease of machine id {id} may have ended (no renewal from the registry in time)"))
+            }
+            Err(StampRefusal::ClockStepped { drift_ms }) => refuse(format!(
+                "this server's wall clock moved {drift_ms} ms against its boot clock since the registry's last reply, more than half pg_ticket.lease_margin; waiting for the next renewal"
+            )),
         }
-        Ok(id)
     }
 }
 
@@ -139,6 +160,11 @@ pub fn next_id(issue: impl FnOnce(u16) -> i64) -> Result<i64, TicketError> {
         return Err(TicketError::NoMachineLease("the machine-id lease changed while stamping; call again".into()));
     }
     after.usable()?;
+    // The sequence can run ahead of the clock: never past the lease's end.
+    let stamp_ms = settings::epoch_unix_ms() + (issued >> (SEQUENCE_BITS + MACHINE_BITS)) as i64;
+    if !after.reckoning.covers(stamp_ms) {
+        return Err(TicketError::NoMachineLease(format!("the lease of machine id {id} ends before the next free timestamp; waiting for its renewal")));
+    }
     Ok(issued)
 }
 
@@ -147,7 +173,9 @@ pub fn register_worker() {
         .set_type("pg_ticket machine-id lease")
         .set_library("pg_ticket")
         .set_function("pg_ticket_lease_worker_main")
-        .enable_shmem_access(None)
+        // Attached to no database (as the logical replication launcher
+        // is): it shows in pg_stat_activity, and pg_terminate_backend ends it.
+        .enable_spi_access()
         // Only a server that accepts writes needs (and may hold) a lease: a
         // standby gets its worker at promotion.
         .set_start_time(BgWorkerStartTime::RecoveryFinished)
@@ -187,7 +215,13 @@ impl LeaseHolder for WorkerHolder {
             s.machine_id.store(i64::from(g.machine_id), Ordering::Relaxed);
             s.held.store(true, Ordering::Relaxed);
             s.token.store(g.lease, Ordering::Relaxed);
-            s.valid_until_boot_ms.store(lease.reckoning.sent_at_ms + lease.reckoning.ttl_ms, Ordering::Relaxed);
+            let r = lease.reckoning;
+            s.sent_at_boot_ms.store(r.sent_at_ms, Ordering::Relaxed);
+            s.ttl_ms.store(r.ttl_ms, Ordering::Relaxed);
+            s.replied_boot_ms.store(r.replied_boot_ms, Ordering::Relaxed);
+            s.replied_wall_ms.store(r.replied_wall_ms, Ordering::Relaxed);
+            s.stamp_cap_ms.store(r.stamp_cap_ms, Ordering::Relaxed);
+            s.drift_allowed_ms.store(r.drift_allowed_ms, Ordering::Relaxed);
             s.expires_at_unix_ms.store(g.expires_at_ms, Ordering::Relaxed);
             s.clock_skew_ms.store(lease.skew.map_or(0, |(skew, _)| skew), Ordering::Relaxed);
             s.epoch_differs.store(epoch_differs, Ordering::Relaxed);
@@ -202,7 +236,8 @@ impl LeaseHolder for WorkerHolder {
         }
         write(|s| {
             s.held.store(false, Ordering::Relaxed);
-            s.valid_until_boot_ms.store(0, Ordering::Relaxed);
+            s.ttl_ms.store(0, Ordering::Relaxed);
+            s.stamp_cap_ms.store(i64::MIN, Ordering::Relaxed);
         });
     }
 
@@ -250,8 +285,13 @@ impl LeaseHolder for WorkerHolder {
 #[no_mangle]
 pub extern "C-unwind" fn pg_ticket_lease_worker_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::connect_worker_to_spi(None, None);
     let holder = WorkerHolder { current: RefCell::new(None), stop: Cell::new(false), last_report: RefCell::new(String::new()) };
     let (system, port, timeline) = unsafe { (pg_sys::GetSystemIdentifier(), pg_sys::PostPortNumber, pg_sys::GetWALInsertionTimeLine()) };
     let name = format!("postgres system {system} port {port} timeline {timeline}");
     LeaseKeeper::new(name, settings::machine_lease_ttl_ms(), 1_000).run(&holder);
+    // Stopped by SIGTERM and its lease released. At shutdown the postmaster
+    // restarts nothing; otherwise (pg_terminate_backend) exit code 1 has it
+    // restarted, as SPEC §8 rule 10 asks: exit code 0 would unregister it.
+    unsafe { pg_sys::proc_exit(1) };
 }

@@ -10,20 +10,22 @@
 //! The safety argument: a lease is reckoned to end at (boot-clock time the
 //! request was *sent*) + ttl, which is no later than the registry's end
 //! for it. An ID's stamp is read before the reckoning is checked a second
-//! time, so a stamp is never taken after the reckoned end. The wall clock
-//! agrees with the registry's within half the margin (else nothing is
-//! issued), and the next holder of the id stamps only above the lease's
-//! end plus the margin: no two holders stamp the same millisecond.
+//! time, so a stamp is never taken after the reckoned end, and no stamp
+//! passes the registry's end plus half the margin. The wall clock agrees
+//! with the registry's within half the margin (measured at each reply, and
+//! held to the boot clock between replies: a step is refused), and the
+//! next holder of the id stamps only above the lease's end plus the
+//! margin: no two holders stamp the same millisecond.
 
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::clock::{boot_ms, WallClock};
+use crate::clock::{boot_ms, wall_ms, WallClock};
 use crate::keeper::{LeaseHolder, LeaseKeeper, Published};
 use crate::registry::Grant;
 use crate::ClientError;
-use ticket_core::leases::check_ttl;
+use ticket_core::leases::{check_ttl, StampRefusal};
 use ticket_core::snowflake::{self, MarkStore, SharedState, SnowflakeError};
 
 #[derive(Debug, Clone)]
@@ -54,6 +56,8 @@ struct Held {
 #[derive(Default)]
 struct State {
     lease: Option<Held>,
+    /// The last stamp of the lease withdrawn last (for its release).
+    withdrawn_stamp_ms: Option<i64>,
     stop: bool,
     last_error: Option<String>,
 }
@@ -143,14 +147,19 @@ impl LeasedGenerator {
             return Err(ClientError::ClockSkew { skew_ms, allowed_ms });
         }
         let machine_id = grant.machine_id;
-        if !reckoning.may_issue(boot_ms()) {
-            return Err(ClientError::LeaseMayHaveEnded { machine_id });
-        }
+        let refused = |refusal| match refusal {
+            StampRefusal::MayHaveEnded => ClientError::LeaseMayHaveEnded { machine_id },
+            StampRefusal::ClockStepped { drift_ms } => ClientError::ClockStepped { drift_ms, allowed_ms: reckoning.drift_allowed_ms },
+        };
+        reckoning.check(boot_ms(), wall_ms()).map_err(refused)?;
         let id = snowflake::next_id(&held.ids, &WallClock, &NoMark, grant.epoch_ms, machine_id)?;
         // The stamp was read before this check: a process paused in between
-        // (SIGSTOP, a long preemption) finds its lease may be over and
-        // drops the ID it made.
-        if !reckoning.may_issue(boot_ms()) {
+        // (SIGSTOP, a long preemption) or a clock stepped meanwhile finds
+        // its lease may be over and drops the ID it made; so does a stamp
+        // past the lease's end (the sequence ran ahead of the clock).
+        reckoning.check(boot_ms(), wall_ms()).map_err(refused)?;
+        let stamp_ms = grant.epoch_ms + (id >> (snowflake::SEQUENCE_BITS + snowflake::MACHINE_BITS)) as i64;
+        if !reckoning.covers(stamp_ms) {
             return Err(ClientError::LeaseMayHaveEnded { machine_id });
         }
         held.last_stamp_ms = Some(grant.epoch_ms + (held.ids.last_state() >> snowflake::SEQUENCE_BITS) as i64);
@@ -197,7 +206,8 @@ impl LeaseHolder for Shared {
     }
 
     fn withdraw(&self) {
-        self.lock().lease = None;
+        let mut st = self.lock();
+        st.withdrawn_stamp_ms = st.lease.take().and_then(|h| h.last_stamp_ms);
     }
 
     fn report(&self, error: &str) {
@@ -209,16 +219,19 @@ impl LeaseHolder for Shared {
     }
 
     fn last_stamp_ms(&self) -> Option<i64> {
-        self.lock().lease.as_ref().and_then(|h| h.last_stamp_ms)
+        let st = self.lock();
+        st.lease.as_ref().map_or(st.withdrawn_stamp_ms, |h| h.last_stamp_ms)
     }
 
     fn pause_until(&self, until_boot_ms: i64) -> bool {
-        let st = self.lock();
+        let mut st = self.lock();
         let left = until_boot_ms - boot_ms();
         if left > 0 && !st.stop {
-            drop(self.changed.wait_timeout(st, Duration::from_millis(left as u64)));
+            st = self.changed.wait_timeout(st, Duration::from_millis(left as u64)).unwrap_or_else(|p| p.into_inner()).0;
         }
-        self.stopping()
+        // Not `self.stopping()`: the lock is held (found by a test that
+        // dropped a generator during a failed call's retry pause).
+        st.stop
     }
 
     fn stopping(&self) -> bool {

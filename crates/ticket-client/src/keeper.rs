@@ -6,14 +6,16 @@
 //! The keeper leases, renews every third of the ttl from the send time of
 //! the last successful call (`ticket_core::leases::Reckoning`), retries a
 //! failed renewal until the reckoning runs out and then leases anew, drops
-//! the lease at once on a refusal, measures the clock skew at each reply,
-//! and releases with the last stamp when asked to stop. It never holds the
-//! holder's lock across a call to the registry.
+//! the lease at once when the registry says it is over, measures the clock
+//! skew at each reply, and on stop withdraws the lease from the stamping
+//! path first, then reads the last stamp, then releases (SPEC §8 rule 10).
+//! It never holds the holder's lock across a call to the registry, and
+//! every call is bounded (`connect::Conn`) and gives way to a stop.
 
-use postgres::Client;
 use std::time::Duration;
 
 use crate::clock::{boot_ms, wall_ms};
+use crate::connect::{reuse_or_connect, CallError, Conn};
 use crate::registry::{self, Grant};
 use ticket_core::leases::{clocks_agree, Reckoning};
 
@@ -32,12 +34,14 @@ pub trait LeaseHolder {
     fn dsn(&self) -> String;
     /// A new lease, or a renewal of the current one (same token).
     fn publish(&self, lease: Published);
-    /// The lease is over (refused, or its reckoning ran out).
+    /// The lease is over (refused, or its reckoning ran out): once this
+    /// returns, nothing is stamped with it.
     fn withdraw(&self);
     /// A call to the registry failed (shown by the holder's errors).
     fn report(&self, error: &str);
     fn current(&self) -> Option<Published>;
-    /// The last timestamp (Unix ms) stamped under the current lease.
+    /// The last timestamp (Unix ms) stamped under the current lease (or,
+    /// after `withdraw`, under the lease just withdrawn).
     fn last_stamp_ms(&self) -> Option<i64>;
     /// Sleep until the boot-clock time, or until told to stop; true: stop.
     fn pause_until(&self, boot_ms: i64) -> bool;
@@ -52,31 +56,57 @@ pub struct LeaseKeeper {
     pub holder_name: String,
     pub ttl_ms: i64,
     pub retry_ms: i64,
-    conn: Option<Client>,
+    /// The registry's longest ttl, once it refused a longer one.
+    ttl_cap_ms: Option<i64>,
+    conn: Option<Conn>,
 }
 
 impl LeaseKeeper {
     pub fn new(holder_name: String, ttl_ms: i64, retry_ms: i64) -> Self {
-        LeaseKeeper { holder_name, ttl_ms, retry_ms, conn: None }
+        LeaseKeeper { holder_name, ttl_ms, retry_ms, ttl_cap_ms: None, conn: None }
     }
 
-    fn connect(&mut self, holder: &impl LeaseHolder) -> Result<&mut Client, postgres::Error> {
-        // A registry that does not answer costs at most a third of the ttl
-        // per call, during which the lease simply runs out.
-        let bound = Duration::from_millis((self.ttl_ms as u64 / 3).max(1_000));
-        crate::connect::reuse_or_connect(&mut self.conn, &holder.dsn(), bound)
+    /// A registry that does not answer costs at most a third of the ttl per
+    /// call, during which the lease simply runs out.
+    fn bound(&self) -> Duration {
+        Duration::from_millis((self.ttl_ms as u64 / 3).max(1_000))
     }
 
-    fn failed(&mut self, holder: &impl LeaseHolder, e: &postgres::Error) {
-        if !registry::is_refusal(e) {
-            self.conn = None;
+    fn ttl_now(&self) -> i64 {
+        self.ttl_cap_ms.map_or(self.ttl_ms, |cap| self.ttl_ms.min(cap))
+    }
+
+    fn call<T>(&mut self, holder: &impl LeaseHolder, f: impl FnOnce(&mut Conn, &dyn Fn() -> bool) -> Result<T, CallError>) -> Result<T, CallError> {
+        let stop = || holder.stopping();
+        let bound = self.bound();
+        let outcome = reuse_or_connect(&mut self.conn, &holder.dsn(), bound, &stop).and_then(|conn| f(conn, &stop));
+        if let Err(e) = &outcome {
+            if e.code().is_none() {
+                // No answer, or the connection failed: start over.
+                self.conn = None;
+            }
+            holder.report(&e.message());
         }
-        holder.report(&e.as_db_error().map(|d| d.message().to_string()).unwrap_or_else(|| e.to_string()));
+        outcome
     }
 
-    fn skew(grant: &Grant, registry_now_ms: i64, sent_wall_ms: i64) -> Option<(i64, i64)> {
-        let local = (sent_wall_ms + wall_ms()) / 2;
-        (!clocks_agree(local, registry_now_ms, grant.margin_ms)).then_some((local - registry_now_ms, grant.margin_ms / 2))
+    fn published(grant: Grant, sent_boot_ms: i64, sent_wall_ms: i64, ttl_ms: i64, registry_now_ms: i64) -> Published {
+        let (replied_boot_ms, replied_wall_ms) = (boot_ms(), wall_ms());
+        let local_ms = (sent_wall_ms + replied_wall_ms) / 2;
+        let skew_ms = local_ms - registry_now_ms;
+        Published {
+            grant,
+            reckoning: Reckoning::from_reply(sent_boot_ms, ttl_ms, replied_boot_ms, replied_wall_ms, &grant, skew_ms),
+            skew: (!clocks_agree(local_ms, registry_now_ms, grant.margin_ms)).then_some((skew_ms, grant.margin_ms / 2)),
+        }
+    }
+
+    /// The registry refused the ttl as longer than it allows: ask it for
+    /// its longest and use that from now on (not a loop of refusals).
+    fn cap_ttl(&mut self, holder: &impl LeaseHolder) {
+        if let Ok(max_ttl_ms) = self.call(holder, registry::max_ttl_ms) {
+            self.ttl_cap_ms = Some(max_ttl_ms.max(ticket_core::leases::MIN_TTL_MS));
+        }
     }
 
     /// Runs until the holder says stop, then releases.
@@ -86,13 +116,7 @@ impl LeaseKeeper {
                 self.ttl_ms = ttl_ms;
             }
             if holder.stopping() {
-                if let Some(p) = holder.current() {
-                    let last = holder.last_stamp_ms();
-                    if let Ok(conn) = self.connect(holder) {
-                        let _ = registry::release(conn, &p.grant, last);
-                    }
-                    holder.withdraw();
-                }
+                self.stop(holder);
                 return;
             }
             let now = boot_ms();
@@ -116,41 +140,50 @@ impl LeaseKeeper {
         }
     }
 
+    /// Withdraw, then read the last stamp, then release: a stamp made after
+    /// the release would be one the next holder does not know of.
+    fn stop(&mut self, holder: &impl LeaseHolder) {
+        let Some(p) = holder.current() else { return };
+        holder.withdraw();
+        let last = holder.last_stamp_ms();
+        // Bounded, and not cut short by the stop itself: one release.
+        let bound = self.bound();
+        let never = || false;
+        if let Ok(conn) = reuse_or_connect(&mut self.conn, &holder.dsn(), bound, &never) {
+            if let Err(e) = registry::release(conn, &p.grant, last, &never) {
+                holder.report(&e.message());
+            }
+        }
+    }
+
     fn lease(&mut self, holder: &impl LeaseHolder) {
         let (sent, sent_wall) = (boot_ms(), wall_ms());
-        let (name, ttl_ms) = (self.holder_name.clone(), self.ttl_ms);
-        match self.connect(holder).and_then(|conn| registry::lease(conn, &name, ttl_ms)) {
-            Ok(grant) => holder.publish(Published {
-                grant,
-                reckoning: Reckoning { sent_at_ms: sent, ttl_ms },
-                skew: Self::skew(&grant, grant.expires_at_ms - ttl_ms, sent_wall),
-            }),
+        let (name, ttl_ms) = (self.holder_name.clone(), self.ttl_now());
+        match self.call(holder, |conn, stop| registry::lease(conn, &name, ttl_ms, stop)) {
+            Ok((grant, registry_now_ms)) => holder.publish(Self::published(grant, sent, sent_wall, ttl_ms, registry_now_ms)),
             Err(e) => {
-                self.failed(holder, &e);
+                if registry::ttl_refused(&e) {
+                    self.cap_ttl(holder);
+                }
                 holder.pause_until(boot_ms() + self.retry_ms);
             }
         }
     }
 
     fn renew(&mut self, holder: &impl LeaseHolder, current: Published) {
-        let (sent, sent_wall, ttl_ms) = (boot_ms(), wall_ms(), self.ttl_ms);
+        let (sent, sent_wall, ttl_ms) = (boot_ms(), wall_ms(), self.ttl_now());
         let last = holder.last_stamp_ms();
-        match self.connect(holder).and_then(|conn| registry::renew(conn, &current.grant, ttl_ms, last)) {
-            Ok(expires_at_ms) => {
-                let grant = Grant { expires_at_ms, ..current.grant };
-                holder.publish(Published {
-                    grant,
-                    reckoning: Reckoning { sent_at_ms: sent, ttl_ms },
-                    skew: Self::skew(&grant, expires_at_ms - ttl_ms, sent_wall),
-                });
+        match self.call(holder, |conn, stop| registry::renew(conn, &current.grant, ttl_ms, last, stop)) {
+            // The registry never shortens a lease; the holder reckons on the
+            // ttl it asked for, from the send time.
+            Ok((expires_at_ms, registry_now_ms)) => {
+                holder.publish(Self::published(Grant { expires_at_ms, ..current.grant }, sent, sent_wall, ttl_ms, registry_now_ms))
             }
-            Err(e) if registry::is_refusal(&e) => {
-                // Expired, superseded, revoked: this lease is over for good.
-                holder.withdraw();
-                self.failed(holder, &e);
-            }
+            Err(e) if registry::lease_is_over(&e) => holder.withdraw(),
             Err(e) => {
-                self.failed(holder, &e);
+                if registry::ttl_refused(&e) {
+                    self.cap_ttl(holder);
+                }
                 holder.pause_until(boot_ms() + self.retry_ms);
             }
         }

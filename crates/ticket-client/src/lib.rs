@@ -14,7 +14,8 @@
 //! - `clock`: the clocks (wall for stamps, boot for the lease reckoning).
 //! - `registry`: the lease protocol's SQL calls; `keeper`: the holder's
 //!   side of the protocol, shared with the server's own lease worker.
-//! - `connect`: connection strings with `passfile=` and bounded waits.
+//! - `connect`: connections whose every wait is bounded, from connection
+//!   strings with `passfile=`.
 //! - `generator`, `pool`: the two allocators.
 
 pub mod clock;
@@ -37,6 +38,8 @@ pub enum ClientError {
     LeaseMayHaveEnded { machine_id: u16 },
     #[error("this host's clock differs from the registry's by {skew_ms} ms, more than half pg_ticket.lease_margin ({allowed_ms} ms); no ID is issued until they agree")]
     ClockSkew { skew_ms: i64, allowed_ms: i64 },
+    #[error("this host's wall clock moved {drift_ms} ms against its boot clock since the registry's last reply, more than half pg_ticket.lease_margin ({allowed_ms} ms); no ID is issued until it agrees again")]
+    ClockStepped { drift_ms: i64, allowed_ms: i64 },
     #[error(transparent)]
     Snowflake(#[from] ticket_core::snowflake::SnowflakeError),
     #[error("no block is available for {name:?} (both blocks spent and no new one fetched in {waited_ms} ms{})", last_error_suffix(.last_error))]

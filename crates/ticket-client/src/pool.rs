@@ -8,18 +8,25 @@
 //! drop blocks, never across a database call. A caller that finds both
 //! blocks spent waits on a condition variable, at most `wait_timeout`.
 //!
-//! Lost replies: if the connection fails during `reserve_block`, the block
-//! may have been reserved and committed without the reply arriving. The
-//! pool never guesses which range that was: it reserves anew, and the lost
-//! range stays a gap. After any reconnect it compares the blocks it holds
-//! with `current_block_mark`: a block ending above the mark is one the
-//! database no longer has (restored from an older backup) and is dropped.
+//! Lost replies: if the connection fails during `reserve_block` (or no
+//! answer comes within the bound), the block may have been reserved and
+//! committed without the reply arriving. The pool never guesses which range
+//! that was: it reserves anew, and the lost range stays a gap.
+//!
+//! Restores: at every reconnect, and every `check_interval` while idle, it
+//! compares the blocks it holds with `current_block_mark`: a block ending
+//! above the mark is one the database no longer has (restored from an older
+//! backup) and is dropped. What it cannot see: a restore after which other
+//! clients reserved past its block before it checked (docs/leases.md).
+//!
+//! Every database call is bounded (`connect::Conn`) and gives way to a
+//! stop, so `close` and drop return within about 100 ms.
 
-use postgres::Client;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use crate::connect::{reuse_or_connect, CallError, Conn};
 use crate::ClientError;
 
 #[derive(Debug, Clone)]
@@ -32,6 +39,10 @@ pub struct PoolConfig {
     pub wait_timeout: Duration,
     /// Pause between failed calls to the database.
     pub retry_interval: Duration,
+    /// How often an idle pool checks its blocks against the mark.
+    pub check_interval: Duration,
+    /// The longest a call to the database may take.
+    pub call_timeout: Duration,
 }
 
 impl PoolConfig {
@@ -42,6 +53,8 @@ impl PoolConfig {
             block_size,
             wait_timeout: Duration::from_secs(5),
             retry_interval: Duration::from_millis(200),
+            check_interval: Duration::from_secs(1),
+            call_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -184,7 +197,7 @@ impl Drop for BlockPool {
 
 struct Fetcher {
     shared: Arc<Shared>,
-    conn: Option<Client>,
+    conn: Option<Conn>,
     /// A connection was lost since the blocks were last checked.
     reconnected: bool,
     /// A reservation was sent and its reply not read yet.
@@ -196,16 +209,18 @@ impl Fetcher {
     fn run(mut self) {
         let size = self.shared.config.block_size;
         loop {
-            {
+            let wants_block = {
                 let mut st = self.shared.lock();
-                while !st.stop && !st.wants_block(size) {
-                    st = self.shared.changed.wait(st).unwrap_or_else(|p| p.into_inner());
+                if !st.stop && !st.wants_block(size) {
+                    st = self.shared.changed.wait_timeout(st, self.shared.config.check_interval).unwrap_or_else(|p| p.into_inner()).0;
                 }
                 if st.stop {
                     return;
                 }
-            }
-            if let Err(e) = self.fetch() {
+                st.wants_block(size)
+            };
+            let outcome = if wants_block { self.fetch() } else { self.check_blocks() };
+            if let Err(e) = outcome {
                 let connection_failed = e.code().is_none();
                 // The reservation may have committed: its range is a gap.
                 let lost_reply = std::mem::take(&mut self.in_flight) && connection_failed;
@@ -214,7 +229,7 @@ impl Fetcher {
                     self.reconnected = true;
                 }
                 let mut st = self.shared.lock();
-                st.last_error = Some(e.as_db_error().map(|d| d.message().to_string()).unwrap_or_else(|| e.to_string()));
+                st.last_error = Some(e.message());
                 if lost_reply {
                     st.stats.lost_replies += 1;
                 }
@@ -226,29 +241,46 @@ impl Fetcher {
         }
     }
 
-    fn fetch(&mut self) -> Result<(), postgres::Error> {
-        let name = self.shared.config.name.clone();
-        let size = self.shared.config.block_size;
+    fn connection(&mut self) -> Result<&mut Conn, CallError> {
         if self.conn.as_ref().is_some_and(|c| c.is_closed()) {
             // Closed under us (the server restarted, the session was
             // terminated): the database may have changed since.
             self.reconnected = true;
         }
-        let conn = crate::connect::reuse_or_connect(&mut self.conn, &self.shared.config.dsn, Duration::from_secs(10))?;
-        if self.reconnected {
-            let mark: i64 = conn.query_one("SELECT current_block_mark($1)", &[&name])?.get(0);
-            let mut guard = self.shared.lock();
-            let st = &mut *guard;
-            for slot in [&mut st.current, &mut st.ahead] {
-                if slot.is_some_and(|b| b.last > mark) {
-                    *slot = None;
-                    st.stats.blocks_discarded += 1;
-                }
+        let shared = Arc::clone(&self.shared);
+        reuse_or_connect(&mut self.conn, &self.shared.config.dsn, self.shared.config.call_timeout, &move || shared.lock().stop)
+    }
+
+    /// Drop every block the database no longer has (one ending above its
+    /// mark: restored from an older backup).
+    fn check_blocks(&mut self) -> Result<(), CallError> {
+        let name = self.shared.config.name.clone();
+        let shared = Arc::clone(&self.shared);
+        let stop = move || shared.lock().stop;
+        let mark: i64 = self.connection()?.query_one("SELECT current_block_mark($1)", &[&name], &stop)?.get(0);
+        let mut guard = self.shared.lock();
+        let st = &mut *guard;
+        for slot in [&mut st.current, &mut st.ahead] {
+            if slot.is_some_and(|b| b.last > mark) {
+                *slot = None;
+                st.stats.blocks_discarded += 1;
             }
-            self.reconnected = false;
         }
+        self.reconnected = false;
+        Ok(())
+    }
+
+    fn fetch(&mut self) -> Result<(), CallError> {
+        let name = self.shared.config.name.clone();
+        let size = self.shared.config.block_size;
+        self.connection()?;
+        if self.reconnected {
+            self.check_blocks()?;
+        }
+        let shared = Arc::clone(&self.shared);
+        let stop = move || shared.lock().stop;
         self.in_flight = true;
-        let row = conn.query_one("SELECT first_id, last_id FROM reserve_block($1, $2)", &[&name, &size])?;
+        let row = self.connection()?.query_one("SELECT first_id, last_id FROM reserve_block($1, $2)", &[&name, &size], &stop)?;
         self.in_flight = false;
         let block = Block { next: row.get(0), last: row.get(1) };
         let mut st = self.shared.lock();

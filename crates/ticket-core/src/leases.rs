@@ -24,17 +24,23 @@ pub enum LeaseError {
     TtlOverMax { ttl_ms: i64, max_ttl_ms: i64 },
     #[error("machine id {machine_id} was never leased by this registry")]
     NeverLeased { machine_id: u16 },
-    #[error("lease {lease} of machine id {machine_id} is no longer its current lease (lease {current} is); stop issuing and lease anew")]
-    Superseded { machine_id: u16, lease: i64, current: i64 },
+    /// The token is not the id's current lease, or the secret is not its
+    /// secret: one answer for both, naming nothing of the current lease.
+    #[error("lease {lease} of machine id {machine_id} is not held with that secret (superseded, or another holder's); stop issuing and lease anew")]
+    NotHeld { machine_id: u16, lease: i64 },
+    #[error("lease {lease} of machine id {machine_id} was granted without a secret (before pg_ticket 0.3.0); it runs to its end and is not renewed: lease anew")]
+    NoSecret { machine_id: u16, lease: i64 },
+    #[error("a secret is 32 hexadecimal digits, as lease_machine_id returned it")]
+    BadSecret,
+    #[error("last_issued_ms {last_issued_ms} is past lease {lease}'s end plus pg_ticket.lease_margin ({limit_ms}): no holder stamps there")]
+    LastIssuedTooLate { lease: i64, last_issued_ms: i64, limit_ms: i64 },
     #[error("lease {lease} of machine id {machine_id} expired {ago_ms} ms ago; stop issuing and lease anew")]
     Expired { machine_id: u16, lease: i64, ago_ms: i64 },
     #[error("lease {lease} of machine id {machine_id} was released; lease anew")]
     Released { machine_id: u16, lease: i64 },
     #[error("lease {lease} of machine id {machine_id} was revoked; stop issuing and lease anew")]
     Revoked { machine_id: u16, lease: i64 },
-    #[error("lease {lease} of machine id {machine_id} was granted before this registry was restored or promoted; stop issuing and lease anew")]
-    Forgotten { machine_id: u16, lease: i64 },
-    #[error("this registry was restored or promoted and may have forgotten leases: it grants again in {wait_ms} ms (pg_ticket.lease_max_ttl plus pg_ticket.lease_margin after it started serving)")]
+    #[error("this registry started (a restart, a restore, a promotion or a copy) and may have forgotten leases granted since its state was saved: it grants again in {wait_ms} ms (pg_ticket.lease_max_ttl plus pg_ticket.lease_margin after it started serving); renewals go on")]
     HoldOff { wait_ms: i64 },
     #[error("no machine id is free: {held} held, {cooling} within pg_ticket.lease_margin of their end{}", match .next_free_in_ms { Some(ms) => format!("; the next frees in {ms} ms"), None => String::new() })]
     NoneFree { held: usize, cooling: usize, next_free_in_ms: Option<i64> },
@@ -88,6 +94,8 @@ pub struct Grant {
     pub epoch_ms: i64,
     /// The registry's `pg_ticket.lease_margin` (the clock skew allowance).
     pub margin_ms: i64,
+    /// Whoever has it holds the lease: renew and release need it.
+    pub secret: u128,
 }
 
 /// What the registry remembers of an id's last lease (times in Unix ms).
@@ -103,6 +111,10 @@ pub struct LastLease {
     pub last_issued_ms: Option<i64>,
     /// What earlier leases of the id already required (carried forward).
     pub not_before_ms: i64,
+    /// The margin the lease was granted (or last renewed) under: a margin
+    /// lowered since does not shorten its holder's skew allowance. None for
+    /// leases granted before 0.3.0.
+    pub margin_ms: Option<i64>,
 }
 
 impl LastLease {
@@ -114,16 +126,21 @@ impl LastLease {
         }
     }
 
+    /// The larger of the lease's own margin and the registry's now.
+    fn margin_ms(&self, margin_ms: i64) -> i64 {
+        self.margin_ms.map_or(margin_ms, |own| own.max(margin_ms))
+    }
+
     /// The id may be leased again from this time on.
     pub fn free_from_ms(&self, margin_ms: i64) -> i64 {
-        self.end_ms() + margin_ms
+        self.end_ms() + self.margin_ms(margin_ms)
     }
 
     /// The earliest timestamp a new holder may stamp is after this: every
     /// earlier holder's reported stamps, and the end of their leases plus
     /// the margin (the skew allowance).
     pub fn not_before_ms(&self, margin_ms: i64) -> i64 {
-        self.not_before_ms.max(self.last_issued_ms.unwrap_or(i64::MIN)).max(self.end_ms() + margin_ms)
+        self.not_before_ms.max(self.last_issued_ms.unwrap_or(i64::MIN)).max(self.free_from_ms(margin_ms))
     }
 }
 
@@ -205,29 +222,40 @@ pub struct CurrentLease {
     pub revoked: bool,
 }
 
-/// May the holder of `lease` renew it at `now_ms`? Only the id's current
-/// lease, not ended, not expired, and granted since the registry started
-/// serving (`serving_since_ms`: a restored or promoted registry may have
-/// granted the id again after the lease it remembers).
-pub fn check_renewal(
-    current: Option<&CurrentLease>,
-    machine_id: u16,
-    lease: i64,
-    now_ms: i64,
-    serving_since_ms: i64,
-) -> Result<(), LeaseError> {
+/// How the secret a caller gave compares with the lease's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SecretCheck {
+    Matches,
+    Differs,
+    /// Granted before 0.3.0, without a secret.
+    NoneOnRecord,
+}
+
+/// Is the caller the holder of `lease`: the id's current lease, with its
+/// secret? The same answer for a wrong token and a wrong secret, and
+/// nothing about the current lease (SPEC §8 rule 9).
+fn check_holder(current: Option<&CurrentLease>, machine_id: u16, lease: i64, secret: SecretCheck) -> Result<&CurrentLease, LeaseError> {
     let current = current.ok_or(LeaseError::NeverLeased { machine_id })?;
-    if current.lease != lease {
-        return Err(LeaseError::Superseded { machine_id, lease, current: current.lease });
+    match secret {
+        _ if current.lease != lease => Err(LeaseError::NotHeld { machine_id, lease }),
+        SecretCheck::Differs => Err(LeaseError::NotHeld { machine_id, lease }),
+        SecretCheck::NoneOnRecord => Err(LeaseError::NoSecret { machine_id, lease }),
+        SecretCheck::Matches => Ok(current),
     }
+}
+
+/// May the holder of `lease` renew it at `now_ms`? Only the id's current
+/// lease, with its secret, not ended, not expired. A registry that started
+/// anew (restored, promoted, copied) renews the leases it knows: their
+/// holders are the only ones with the secret, and the id was not granted to
+/// anyone else before they ended (SPEC §8 rule 7).
+pub fn check_renewal(current: Option<&CurrentLease>, machine_id: u16, lease: i64, secret: SecretCheck, now_ms: i64) -> Result<(), LeaseError> {
+    let current = check_holder(current, machine_id, lease, secret)?;
     if current.revoked {
         return Err(LeaseError::Revoked { machine_id, lease });
     }
     if current.ended_at_ms.is_some() {
         return Err(LeaseError::Released { machine_id, lease });
-    }
-    if current.leased_at_ms < serving_since_ms {
-        return Err(LeaseError::Forgotten { machine_id, lease });
     }
     if current.expires_at_ms <= now_ms {
         return Err(LeaseError::Expired { machine_id, lease, ago_ms: now_ms - current.expires_at_ms });
@@ -235,31 +263,116 @@ pub fn check_renewal(
     Ok(())
 }
 
-/// May the holder of `lease` release it? Its own lease, in any state (a
-/// second release, or one after expiry, only records the last stamp).
-pub fn check_release(current: Option<&CurrentLease>, machine_id: u16, lease: i64) -> Result<(), LeaseError> {
-    let current = current.ok_or(LeaseError::NeverLeased { machine_id })?;
-    if current.lease != lease {
-        return Err(LeaseError::Superseded { machine_id, lease, current: current.lease });
-    }
-    Ok(())
+/// May the holder of `lease` release it? Its own lease with its secret, in
+/// any state (a second release, or one after expiry, only records the last
+/// stamp).
+pub fn check_release(current: Option<&CurrentLease>, machine_id: u16, lease: i64, secret: SecretCheck) -> Result<(), LeaseError> {
+    check_holder(current, machine_id, lease, secret).map(|_| ())
 }
 
-/// A holder's conservative reckoning of its lease, on a clock that keeps
-/// counting while the host is suspended (CLOCK_BOOTTIME), from the moment
-/// the request was *sent*: a slow reply, a paused process or a suspended
-/// host can only make it stop early, never late.
+/// A renewal runs `ttl_ms` from now, but never ends a lease earlier than it
+/// already ran: a holder whose reply was lost still reckons on the longer
+/// one (SPEC §8 rule 9).
+pub fn renewed_expiry_ms(current_expires_ms: i64, now_ms: i64, ttl_ms: i64) -> i64 {
+    current_expires_ms.max(now_ms.saturating_add(ttl_ms))
+}
+
+/// A reported stamp is believed only up to the lease's end plus the margin:
+/// no holder stamps later (SPEC §8 rule 10), and a later one would hold the
+/// id's next holders off without end.
+pub fn check_last_issued(lease: i64, last_issued_ms: Option<i64>, end_ms: i64, margin_ms: i64) -> Result<(), LeaseError> {
+    match last_issued_ms {
+        Some(last_issued_ms) if last_issued_ms > end_ms.saturating_add(margin_ms) => {
+            Err(LeaseError::LastIssuedTooLate { lease, last_issued_ms, limit_ms: end_ms.saturating_add(margin_ms) })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// A lease's secret as the registry hands it out: 128 random bits as 32
+/// lowercase hexadecimal digits.
+pub fn secret_text(secret: u128) -> String {
+    format!("{secret:032x}")
+}
+
+pub fn parse_secret(text: &str) -> Result<u128, LeaseError> {
+    if text.len() != 32 || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Err(LeaseError::BadSecret);
+    }
+    u128::from_str_radix(text, 16).map_err(|_| LeaseError::BadSecret)
+}
+
+/// A holder's conservative reckoning of its lease (SPEC §8 rule 10, §9),
+/// from one reply of the registry:
+/// - on a clock that keeps counting while the host is suspended
+///   (CLOCK_BOOTTIME), from the moment the request was *sent*: a slow
+///   reply, a paused process or a suspended host can only make it stop
+///   early, never late;
+/// - no stamp past the lease's end plus half the margin on the registry's
+///   clock (through the skew measured at the reply), so the next holder,
+///   who stamps only above the end plus the whole margin, never meets it;
+/// - the wall clock may not step against the boot clock by more than half
+///   the margin since the reply (a clock set forward, a VM paused while its
+///   boot clock stood still): the skew measured then no longer holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Reckoning {
     /// Boot-clock ms when the (granting or renewing) request was sent.
     pub sent_at_ms: i64,
     pub ttl_ms: i64,
+    /// Boot and wall clock when the reply arrived.
+    pub replied_boot_ms: i64,
+    pub replied_wall_ms: i64,
+    /// The last stamp allowed, on this holder's wall clock.
+    pub stamp_cap_ms: i64,
+    /// Half the registry's margin.
+    pub drift_allowed_ms: i64,
+}
+
+/// Why a holder may not stamp now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StampRefusal {
+    /// The lease may be over by the holder's reckoning (or its stamps
+    /// would pass its end).
+    MayHaveEnded,
+    /// The wall clock moved this much against the boot clock since the
+    /// last reply.
+    ClockStepped { drift_ms: i64 },
 }
 
 impl Reckoning {
+    /// From a reply: `grant` as renewed, `skew_ms` this holder's wall clock
+    /// minus the registry's as measured at the reply.
+    pub fn from_reply(sent_at_ms: i64, ttl_ms: i64, replied_boot_ms: i64, replied_wall_ms: i64, grant: &Grant, skew_ms: i64) -> Self {
+        Reckoning {
+            sent_at_ms,
+            ttl_ms,
+            replied_boot_ms,
+            replied_wall_ms,
+            stamp_cap_ms: grant.expires_at_ms.saturating_add(grant.margin_ms / 2).saturating_add(skew_ms),
+            drift_allowed_ms: grant.margin_ms / 2,
+        }
+    }
+
     /// May an ID be issued at boot-clock time `now_ms`?
     pub fn may_issue(&self, now_ms: i64) -> bool {
         now_ms < self.sent_at_ms + self.ttl_ms
+    }
+
+    /// May an ID be stamped now (`boot_ms`, `wall_ms` read together)?
+    pub fn check(&self, boot_ms: i64, wall_ms: i64) -> Result<(), StampRefusal> {
+        if !self.may_issue(boot_ms) || wall_ms > self.stamp_cap_ms {
+            return Err(StampRefusal::MayHaveEnded);
+        }
+        let drift_ms = (wall_ms - self.replied_wall_ms) - (boot_ms - self.replied_boot_ms);
+        if drift_ms.abs() > self.drift_allowed_ms {
+            return Err(StampRefusal::ClockStepped { drift_ms });
+        }
+        Ok(())
+    }
+
+    /// Is a stamp (Unix ms, this holder's clock) within the lease?
+    pub fn covers(&self, stamp_ms: i64) -> bool {
+        stamp_ms <= self.stamp_cap_ms
     }
 
     /// When to renew: every third of the ttl.
@@ -301,7 +414,15 @@ mod tests {
     }
 
     fn lease(expires: i64, ended: Option<i64>, revoked: bool, last_issued: Option<i64>) -> LastLease {
-        LastLease { expires_at_ms: expires, ended_at_ms: ended, revoked, last_issued_ms: last_issued, not_before_ms: 0 }
+        LastLease { expires_at_ms: expires, ended_at_ms: ended, revoked, last_issued_ms: last_issued, not_before_ms: 0, margin_ms: None }
+    }
+
+    #[test]
+    fn a_lease_keeps_the_margin_it_was_granted_under() {
+        let l = LastLease { margin_ms: Some(30_000), ..lease(100_000, None, false, None) };
+        assert_eq!(l.free_from_ms(MARGIN), 130_000, "a margin lowered since does not shorten it");
+        assert_eq!(l.not_before_ms(MARGIN), 130_000);
+        assert_eq!(l.free_from_ms(60_000), 160_000, "a margin raised since counts");
     }
 
     #[test]
@@ -365,27 +486,88 @@ mod tests {
     }
 
     #[test]
-    fn only_the_current_live_lease_renews() {
+    fn only_the_current_live_lease_renews_and_only_with_its_secret() {
+        use SecretCheck::*;
         let cur = CurrentLease { machine_id: 5, lease: 42, leased_at_ms: 1_000, expires_at_ms: 61_000, ended_at_ms: None, revoked: false };
-        assert_eq!(check_renewal(Some(&cur), 5, 42, 60_999, 0), Ok(()));
-        assert_eq!(check_renewal(Some(&cur), 5, 42, 61_000, 0), Err(LeaseError::Expired { machine_id: 5, lease: 42, ago_ms: 0 }));
-        assert_eq!(check_renewal(Some(&cur), 5, 41, 2_000, 0), Err(LeaseError::Superseded { machine_id: 5, lease: 41, current: 42 }));
-        assert_eq!(check_renewal(None, 5, 42, 2_000, 0), Err(LeaseError::NeverLeased { machine_id: 5 }));
+        assert_eq!(check_renewal(Some(&cur), 5, 42, Matches, 60_999), Ok(()));
+        assert_eq!(check_renewal(Some(&cur), 5, 42, Matches, 61_000), Err(LeaseError::Expired { machine_id: 5, lease: 42, ago_ms: 0 }));
+        let not_held = Err(LeaseError::NotHeld { machine_id: 5, lease: 41 });
+        assert_eq!(check_renewal(Some(&cur), 5, 41, Matches, 2_000), not_held);
+        assert_eq!(check_renewal(Some(&cur), 5, 41, Differs, 2_000), not_held);
+        assert_eq!(check_renewal(Some(&cur), 5, 42, Differs, 2_000), Err(LeaseError::NotHeld { machine_id: 5, lease: 42 }), "a wrong secret reads as a wrong token");
+        assert_eq!(check_renewal(Some(&cur), 5, 42, NoneOnRecord, 2_000), Err(LeaseError::NoSecret { machine_id: 5, lease: 42 }));
+        assert_eq!(check_renewal(None, 5, 42, Matches, 2_000), Err(LeaseError::NeverLeased { machine_id: 5 }));
         let released = CurrentLease { ended_at_ms: Some(2_000), ..cur };
-        assert_eq!(check_renewal(Some(&released), 5, 42, 3_000, 0), Err(LeaseError::Released { machine_id: 5, lease: 42 }));
+        assert_eq!(check_renewal(Some(&released), 5, 42, Matches, 3_000), Err(LeaseError::Released { machine_id: 5, lease: 42 }));
         let revoked = CurrentLease { revoked: true, ended_at_ms: Some(2_000), ..cur };
-        assert_eq!(check_renewal(Some(&revoked), 5, 42, 3_000, 0), Err(LeaseError::Revoked { machine_id: 5, lease: 42 }));
-        assert_eq!(check_renewal(Some(&cur), 5, 42, 3_000, 1_500), Err(LeaseError::Forgotten { machine_id: 5, lease: 42 }));
-        assert_eq!(check_release(Some(&released), 5, 42), Ok(()), "a second release is harmless");
-        assert_eq!(check_release(Some(&cur), 5, 7), Err(LeaseError::Superseded { machine_id: 5, lease: 7, current: 42 }));
+        assert_eq!(check_renewal(Some(&revoked), 5, 42, Matches, 3_000), Err(LeaseError::Revoked { machine_id: 5, lease: 42 }));
+        assert_eq!(check_release(Some(&released), 5, 42, Matches), Ok(()), "a second release is harmless");
+        assert_eq!(check_release(Some(&cur), 5, 7, Matches), Err(LeaseError::NotHeld { machine_id: 5, lease: 7 }));
+        assert_eq!(check_release(Some(&cur), 5, 42, Differs), Err(LeaseError::NotHeld { machine_id: 5, lease: 42 }));
+        for e in [LeaseError::NotHeld { machine_id: 5, lease: 7 }, LeaseError::NoSecret { machine_id: 5, lease: 7 }] {
+            assert!(!e.to_string().contains("42"), "an error never names the current token: {e}");
+        }
+    }
+
+    #[test]
+    fn a_renewal_never_moves_the_expiry_earlier() {
+        assert_eq!(renewed_expiry_ms(100_000, 50_000, 60_000), 110_000);
+        assert_eq!(renewed_expiry_ms(100_000, 50_000, 1_000), 100_000, "a shorter ttl keeps the longer lease");
+    }
+
+    #[test]
+    fn a_reported_stamp_past_the_end_plus_the_margin_is_refused() {
+        assert_eq!(check_last_issued(7, None, 100_000, MARGIN), Ok(()));
+        assert_eq!(check_last_issued(7, Some(110_000), 100_000, MARGIN), Ok(()));
+        assert_eq!(
+            check_last_issued(7, Some(i64::MAX), 100_000, MARGIN),
+            Err(LeaseError::LastIssuedTooLate { lease: 7, last_issued_ms: i64::MAX, limit_ms: 110_000 })
+        );
+    }
+
+    #[test]
+    fn secrets_are_32_hex_digits() {
+        let s = 0x0123_4567_89ab_cdef_0011_2233_4455_6677_u128;
+        assert_eq!(secret_text(s), "0123456789abcdef0011223344556677");
+        assert_eq!(parse_secret(&secret_text(s)), Ok(s));
+        assert_eq!(parse_secret("0123456789ABCDEF0011223344556677"), Ok(s));
+        for bad in ["", "12", "0123456789abcdef001122334455667g", "+123456789abcdef0011223344556677", "0123456789abcdef00112233445566778"] {
+            assert_eq!(parse_secret(bad), Err(LeaseError::BadSecret), "{bad:?}");
+        }
+    }
+
+    fn grant(expires_at_ms: i64) -> Grant {
+        Grant { machine_id: 1, lease: 1, not_before_ms: 0, expires_at_ms, epoch_ms: 0, margin_ms: MARGIN, secret: 1 }
     }
 
     #[test]
     fn a_holder_stops_at_sent_time_plus_ttl_on_the_boot_clock() {
-        let r = Reckoning { sent_at_ms: 1_000, ttl_ms: 60_000 };
-        assert!(r.may_issue(60_999));
-        assert!(!r.may_issue(61_000), "the lease may be over: stop, even if the reply came late");
+        // Sent at boot 1 000, replied at boot 1 100 / wall 500 100.
+        let r = Reckoning::from_reply(1_000, 60_000, 1_100, 500_100, &grant(560_000), 0);
+        assert_eq!(r.check(60_999, 500_100 + 59_899), Ok(()));
+        assert!(!r.may_issue(61_000));
+        assert_eq!(r.check(61_000, 500_100 + 59_900), Err(StampRefusal::MayHaveEnded), "the lease may be over: stop, even if the reply came late");
         assert_eq!(r.renew_at_ms(), 21_000);
+    }
+
+    #[test]
+    fn a_holder_never_stamps_past_the_end_plus_half_the_margin() {
+        let r = Reckoning::from_reply(1_000, 60_000, 1_100, 500_100, &grant(520_000), 0);
+        assert!(r.covers(525_000) && !r.covers(525_001));
+        // This holder's clock runs 2 s ahead of the registry's: its cap too.
+        let ahead = Reckoning::from_reply(1_000, 60_000, 1_100, 500_100, &grant(520_000), 2_000);
+        assert!(ahead.covers(527_000) && !ahead.covers(527_001));
+    }
+
+    #[test]
+    fn a_wall_clock_step_against_the_boot_clock_stops_stamping() {
+        let r = Reckoning::from_reply(1_000, 60_000, 1_100, 500_100, &grant(560_000), 0);
+        assert_eq!(r.check(11_100, 510_100), Ok(()), "both clocks moved 10 s");
+        assert_eq!(r.check(11_100, 515_100), Ok(()), "5 s apart: within half the margin");
+        assert_eq!(r.check(11_100, 515_101), Err(StampRefusal::ClockStepped { drift_ms: 5_001 }), "stepped forward");
+        assert_eq!(r.check(11_100, 504_000), Err(StampRefusal::ClockStepped { drift_ms: -6_100 }), "stepped back");
+        // A VM paused while its boot clock stood still: the wall clock moved an hour, the boot clock not.
+        assert_eq!(r.check(2_100, 500_100 + 3_600_000), Err(StampRefusal::MayHaveEnded), "past the cap");
     }
 
     #[test]

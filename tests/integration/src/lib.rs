@@ -116,6 +116,15 @@ impl Cluster {
         assert!(cmd.status().unwrap().success(), "cluster did not start; see {}/server.log", self.dir.display());
     }
 
+    /// Start this (stopped) cluster under libfaketime reading its clock's
+    /// offset from `file` on every call ("+0", "+3600s"): writing the file
+    /// steps the clock of the running server (not its boot clock).
+    pub fn up_with_clock_file(&self, file: &Path) {
+        let mut cmd = Command::new(repo_root().join("scripts/cluster.sh"));
+        cmd.arg("up").arg(&self.dir).env("FAKETIME_FILE", file);
+        assert!(cmd.status().unwrap().success(), "cluster did not start; see {}/server.log", self.dir.display());
+    }
+
     /// A database of its own (dropped first if a failed run left it) with
     /// the extension, so a test may drop, alter or fill it.
     pub fn fresh_db(&self, name: &str) -> Client {

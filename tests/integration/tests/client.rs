@@ -52,7 +52,7 @@ fn duplicates(mut ids: Vec<i64>) -> usize {
 
 #[test]
 fn eight_processes_killed_and_restarted_with_the_registry_restarted_never_share_an_id() {
-    let registry = Cluster::start("client-churn", 55456, &["pg_ticket.lease_margin = '1s'", "max_connections = 100"]);
+    let registry = Cluster::start("client-churn", 55456, &["pg_ticket.lease_margin = '1s'", "pg_ticket.lease_max_ttl = '3s'", "max_connections = 100"]);
     let dsn = registry.dsn();
     let dir = PathBuf::from("/tmp/pgt-client-churn/ids");
     let _ = std::fs::remove_dir_all(&dir);
@@ -118,7 +118,7 @@ fn eight_processes_killed_and_restarted_with_the_registry_restarted_never_share_
 
 #[test]
 fn a_generator_cut_off_from_the_registry_stops_before_its_lease_can_end_and_resumes_with_a_new_lease() {
-    let registry = Cluster::start("client-cutoff", 55457, &["pg_ticket.lease_margin = '1s'"]);
+    let registry = Cluster::start("client-cutoff", 55457, &["pg_ticket.lease_margin = '1s'", "pg_ticket.lease_max_ttl = '3s'"]);
     let mut config = GeneratorConfig::new(registry.dsn(), "cut-off");
     config.ttl = Duration::from_secs(3);
     config.retry_interval = Duration::from_millis(100);
@@ -188,8 +188,8 @@ fn a_generator_frozen_past_its_lease_issues_nothing_until_it_holds_a_new_one() {
     // Past its ttl (2 s) plus the margin (1 s): the id is free, and taken.
     std::thread::sleep(Duration::from_millis(3_500));
     let mut db = registry.connect();
-    let intruder = db.query_one("SELECT lease, not_before_ms FROM lease_machine_id('intruder', '60 seconds')", &[]).unwrap();
-    let (intruder_lease, intruder_not_before): (i64, i64) = (intruder.get(0), intruder.get(1));
+    let intruder = db.query_one("SELECT lease, secret, not_before_ms FROM lease_machine_id('intruder', '60 seconds')", &[]).unwrap();
+    let (intruder_lease, intruder_secret, intruder_not_before): (i64, String, i64) = (intruder.get(0), intruder.get(1), intruder.get(2));
     signal(&child, libc::SIGCONT);
     std::thread::sleep(Duration::from_secs(2));
     let during = records(&out);
@@ -197,7 +197,7 @@ fn a_generator_frozen_past_its_lease_issues_nothing_until_it_holds_a_new_one() {
     let late: Vec<&(i64, i64)> = during.iter().filter(|r| stamp_ms(r.0) >= intruder_not_before).collect();
     assert!(late.is_empty(), "{} IDs stamped after the lease ended (renewed too late)", late.len());
     // The intruder goes; after the margin the worker leases again and goes on.
-    db.execute("SELECT release_machine_id(1, $1)", &[&intruder_lease]).unwrap();
+    db.execute("SELECT release_machine_id(1, $1, $2)", &[&intruder_lease, &intruder_secret]).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while !records(&out).iter().any(|r| r.1 != old_token) {
         assert!(Instant::now() < deadline, "the worker did not lease again");

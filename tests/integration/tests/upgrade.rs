@@ -137,6 +137,7 @@ fn an_upgrade_from_0_1_0_keeps_every_mark_and_ends_as_a_fresh_install() {
 
 #[test]
 fn an_upgrade_from_0_2_0_keeps_marks_tickets_and_live_leases_and_ends_as_a_fresh_install() {
+    use pg_ticket_integration::sqlstate;
     let c = shared_cluster("upgrade", 55435, &[]);
     let mut admin = c.connect();
     admin.batch_execute("CREATE DATABASE upgraded_020").unwrap();
@@ -146,15 +147,36 @@ fn an_upgrade_from_0_2_0_keeps_marks_tickets_and_live_leases_and_ends_as_a_fresh
     assert_eq!(one(&mut old, "SELECT next_scoped_id('up2', 'd')"), 1);
     assert_eq!(one(&mut old, "SELECT last_id FROM reserve_block('up2', 10)"), 10);
     let ticket = one(&mut old, "SELECT next_ticket('up2', 'd')");
-    let (id, token): (i32, i64) =
-        old.query_one("SELECT machine_id, lease FROM lease_machine_id('upgrade-holder', '10 minutes')", &[]).map(|r| (r.get(0), r.get(1))).unwrap();
+    // 0.2.0's lease functions on this library are refused until the update:
+    // their leases would have no secret.
+    let err = old.query_one("SELECT machine_id FROM lease_machine_id('upgrade-holder', '10 minutes')", &[]).unwrap_err();
+    assert_eq!(sqlstate(&err), "55000");
+    assert!(err.as_db_error().unwrap().message().contains("ALTER EXTENSION pg_ticket UPDATE"), "{err}");
+    // A lease 0.2.0 granted (before its library was replaced), as it left it.
+    let (id, token): (i32, i64) = old
+        .query_one(
+            "INSERT INTO pgticket.machine_id_leases (machine_id, holder, lease, leased_at, expires_at, not_before_ms)
+             VALUES (5, 'upgrade-holder', nextval('pgticket.lease_tokens'), now(), now() + interval '10 minutes', 0)
+             RETURNING machine_id, lease",
+            &[],
+        )
+        .map(|r| (r.get(0), r.get(1)))
+        .unwrap();
 
     old.batch_execute("ALTER EXTENSION pg_ticket UPDATE").unwrap();
     assert_eq!(old.query_one("SELECT extversion FROM pg_extension WHERE extname = 'pg_ticket'", &[]).unwrap().get::<_, String>(0), current());
     assert_eq!(one(&mut old, "SELECT next_scoped_id('up2', 'd')"), 2, "counting continues");
     assert_eq!(one(&mut old, "SELECT first_id FROM reserve_block('up2', 5)"), 11);
     assert!(one(&mut old, "SELECT next_ticket('up2', 'd')") > ticket);
-    old.query_one("SELECT renew_machine_id($1, $2, '10 minutes')", &[&id, &token]).expect("the live lease is kept and renewed");
+    // The live lease is kept, holds its id to its end, and is not renewed
+    // (no secret proves its holder); the updated registry holds off once.
+    let err = old.query_one("SELECT renew_machine_id($1, $2, $3, '10 minutes')", &[&id, &token, &"0".repeat(32)]).unwrap_err();
+    assert_eq!(sqlstate(&err), "55000");
+    assert!(err.as_db_error().unwrap().message().contains("without a secret"), "{err}");
+    let state: String = old.query_one("SELECT state FROM pgticket.machine_leases WHERE machine_id = $1", &[&id]).unwrap().get(0);
+    assert_eq!(state, "held");
+    let err = old.query_one("SELECT machine_id FROM lease_machine_id('after-update', '10 minutes')", &[]).unwrap_err();
+    assert!(err.as_db_error().unwrap().message().contains("grants again in"), "{err}");
 
     let mut new = c.connect_as("postgres", "fresh_030");
     new.batch_execute("CREATE EXTENSION pg_ticket").unwrap();

@@ -1,9 +1,11 @@
 -- Machine-id leases (SPEC §8): the registry's calls, their refusals and
 -- privileges. Timing (expiry, the margin, restore hold-off, concurrency)
--- is tested in tests/integration/tests/leases.rs.
-SET client_min_messages = warning;
-CREATE EXTENSION IF NOT EXISTS pg_ticket;
-RESET client_min_messages;
+-- is tested in tests/integration/tests/leases.rs. A registry of its own: one
+-- created here follows its own state (no hold-off), which an updated one
+-- cannot claim (upgrade_from_* shows its hold-off).
+CREATE DATABASE regress_leases;
+\c regress_leases
+CREATE EXTENSION pg_ticket;
 \set VERBOSITY default
 
 -- A small pool: ids 0-3, of which 0 is this server's own snowflake id.
@@ -35,16 +37,37 @@ SELECT * FROM lease_machine_id('worker-d');
 \set VERBOSITY default
 SELECT machine_id, holder, state FROM pgticket.machine_leases ORDER BY machine_id;
 
--- Renew: only the current live lease, by its token.
-SELECT renew_machine_id(g.machine_id, g.lease, '2 minutes', 1234) > now() + interval '1 minute' AS renewed
+-- Each lease has its own secret: 32 hexadecimal digits, kept only hashed.
+SELECT count(DISTINCT secret) AS secrets, bool_and(secret ~ '^[0-9a-f]{32}$') AS hex FROM granted;
+SELECT count(*) AS stored_anywhere FROM pgticket.machine_id_leases l, granted g
+ WHERE l.secret_hash = decode(g.secret, 'hex') OR l.holder = g.secret;
+-- Renew: only the current live lease, by its token and secret.
+SELECT renew_machine_id(g.machine_id, g.lease, g.secret, '2 minutes', 1234) > now() + interval '1 minute' AS renewed
   FROM granted g WHERE machine_id = 1;
-SELECT renew_machine_id(g.machine_id, g.lease + 100) FROM granted g WHERE machine_id = 1;
+-- A wrong token and a wrong secret get the same answer, naming no token.
+SELECT renew_machine_id(g.machine_id, g.lease + 100, g.secret) FROM granted g WHERE machine_id = 1;
 \echo :LAST_ERROR_SQLSTATE
+SELECT renew_machine_id(g.machine_id, g.lease, o.secret) FROM granted g, granted o WHERE g.machine_id = 1 AND o.machine_id = 2;
+\echo :LAST_ERROR_SQLSTATE
+SELECT release_machine_id(g.machine_id, g.lease, o.secret) FROM granted g, granted o WHERE g.machine_id = 1 AND o.machine_id = 2;
+\echo :LAST_ERROR_SQLSTATE
+SELECT renew_machine_id(g.machine_id, g.lease, 'not hex') FROM granted g WHERE machine_id = 1;
+\echo :LAST_ERROR_SQLSTATE
+-- A shorter ttl never moves the expiry earlier.
+SELECT renew_machine_id(g.machine_id, g.lease, g.secret, '1 second') = l.expires_at AS kept
+  FROM granted g JOIN pgticket.machine_leases l USING (machine_id) WHERE machine_id = 1;
+-- A stamp reported past the lease's end plus the margin is refused.
+\set VERBOSITY sqlstate
+SELECT renew_machine_id(g.machine_id, g.lease, g.secret, '2 minutes', 9223372036854775807) FROM granted g WHERE machine_id = 1;
+\echo :LAST_ERROR_SQLSTATE
+SELECT release_machine_id(g.machine_id, g.lease, g.secret, 9223372036854775807) FROM granted g WHERE machine_id = 1;
+\echo :LAST_ERROR_SQLSTATE
+\set VERBOSITY default
 -- Release records the last stamp; the lease cannot be renewed after.
-SELECT release_machine_id(g.machine_id, g.lease, 1500) FROM granted g WHERE machine_id = 1;
-SELECT release_machine_id(g.machine_id, g.lease) FROM granted g WHERE machine_id = 1;
+SELECT release_machine_id(g.machine_id, g.lease, g.secret, 1500) FROM granted g WHERE machine_id = 1;
+SELECT release_machine_id(g.machine_id, g.lease, g.secret) FROM granted g WHERE machine_id = 1;
 SELECT machine_id, last_issued_ms, state FROM pgticket.machine_leases WHERE machine_id = 1;
-SELECT renew_machine_id(g.machine_id, g.lease) FROM granted g WHERE machine_id = 1;
+SELECT renew_machine_id(g.machine_id, g.lease, g.secret) FROM granted g WHERE machine_id = 1;
 \echo :LAST_ERROR_SQLSTATE
 -- Within the margin (10 s by default) the released id is not leased again.
 \set VERBOSITY sqlstate
@@ -52,9 +75,9 @@ SELECT * FROM lease_machine_id('worker-d');
 \set VERBOSITY default
 -- Revoke (admin) ends a live lease; its holder learns at its next renewal.
 SELECT revoke_machine_lease(2) AS revoked, revoke_machine_lease(2) AS again, revoke_machine_lease(0) AS never_leased;
-SELECT renew_machine_id(g.machine_id, g.lease) FROM granted g WHERE machine_id = 2;
+SELECT renew_machine_id(g.machine_id, g.lease, g.secret) FROM granted g WHERE machine_id = 2;
 \echo :LAST_ERROR_SQLSTATE
-SELECT renew_machine_id(0, 1);
+SELECT renew_machine_id(0, 1, '00000000000000000000000000000000');
 \echo :LAST_ERROR_SQLSTATE
 
 -- Bad input: 22004, 22023; nothing changes.
@@ -70,11 +93,13 @@ SELECT * FROM lease_machine_id('x', '1 hour');
 \echo :LAST_ERROR_SQLSTATE
 SELECT * FROM lease_machine_id('x', NULL);
 \echo :LAST_ERROR_SQLSTATE
-SELECT renew_machine_id(1024, 1);
+SELECT renew_machine_id(1024, 1, '00000000000000000000000000000000');
 \echo :LAST_ERROR_SQLSTATE
-SELECT renew_machine_id(1, NULL);
+SELECT renew_machine_id(1, NULL, '00000000000000000000000000000000');
 \echo :LAST_ERROR_SQLSTATE
-SELECT release_machine_id(NULL, 1);
+SELECT renew_machine_id(1, 1, NULL);
+\echo :LAST_ERROR_SQLSTATE
+SELECT release_machine_id(NULL, 1, '00000000000000000000000000000000');
 \echo :LAST_ERROR_SQLSTATE
 BEGIN READ ONLY;
 SELECT * FROM lease_machine_id('x');
@@ -97,17 +122,23 @@ SELECT * FROM pgticket.machine_leases;
 SELECT * FROM pgticket.machine_id_leases;
 \echo :LAST_ERROR_SQLSTATE
 RESET ROLE;
-GRANT EXECUTE ON FUNCTION lease_machine_id(text, interval), renew_machine_id(integer, bigint, interval, bigint),
-      release_machine_id(integer, bigint, bigint) TO lease_app;
+GRANT EXECUTE ON FUNCTION lease_machine_id(text, interval), renew_machine_id(integer, bigint, text, interval, bigint),
+      release_machine_id(integer, bigint, text, bigint) TO lease_app;
+GRANT SELECT ON pgticket.machine_leases TO lease_app;
 SET ROLE lease_app;
-SELECT renew_machine_id(3, 1);
+SELECT renew_machine_id(3, 1, '00000000000000000000000000000000');
 \echo :LAST_ERROR_SQLSTATE
+-- The view names holders and states, but tokens only to the registry's owner.
+SELECT machine_id, lease, state FROM pgticket.machine_leases ORDER BY machine_id;
 SELECT revoke_machine_lease(1);
 \echo :LAST_ERROR_SQLSTATE
 RESET ROLE;
-REVOKE ALL ON FUNCTION lease_machine_id(text, interval), renew_machine_id(integer, bigint, interval, bigint),
-      release_machine_id(integer, bigint, bigint) FROM lease_app;
+REVOKE ALL ON FUNCTION lease_machine_id(text, interval), renew_machine_id(integer, bigint, text, interval, bigint),
+      release_machine_id(integer, bigint, text, bigint) FROM lease_app;
+REVOKE ALL ON pgticket.machine_leases FROM lease_app;
 DROP ROLE lease_app;
 
 ALTER SYSTEM RESET pg_ticket.lease_ids;
 SELECT pg_reload_conf();
+\c regression
+DROP DATABASE regress_leases;

@@ -5,8 +5,18 @@ CREATE EXTENSION pg_ticket VERSION '0.2.0';
 SELECT extversion FROM pg_extension WHERE extname = 'pg_ticket';
 SELECT next_scoped_id('made-by-0.2.0', 'd'), next_scoped_id('made-by-0.2.0', 'd');
 SELECT next_ticket('made-by-0.2.0', 'd') AS ticket_before;
+-- 0.2.0's lease functions on this library: refused until the update (their
+-- leases would have no secret).
+\set VERBOSITY terse
+SELECT * FROM lease_machine_id('before-update');
+\set VERBOSITY default
 ALTER EXTENSION pg_ticket UPDATE;
 SELECT extversion FROM pg_extension WHERE extname = 'pg_ticket';
+-- An updated registry cannot prove it follows its own latest state (0.2.0
+-- did not hold off at a start): it holds off once.
+\set VERBOSITY sqlstate
+SELECT * FROM lease_machine_id('after-update');
+\set VERBOSITY default
 SELECT next_scoped_id('made-by-0.2.0', 'd') AS continues;
 SELECT next_ticket('made-by-0.2.0', 'd') > 1 AS ticket_continues;
 -- Leave the marks as a fresh database has them, for the tests that follow

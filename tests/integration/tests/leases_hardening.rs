@@ -1,0 +1,394 @@
+//! Leases hardening (issue #17, SPEC §8 rules 7, 9, 10): each test is a way
+//! an adversarial review made two holders stamp one machine id, or made a
+//! holder hang, in 0.2.0 — shown with real servers on loopback.
+
+use pg_ticket_integration::{owned_dir, pg_tool, refused_start, sqlstate, Cluster};
+use postgres::Client;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use ticket_client::{BlockPool, GeneratorConfig, LeasedGenerator, PoolConfig};
+use ticket_core::snowflake::decompose;
+
+fn now_ms() -> i64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
+#[derive(Debug, Clone)]
+struct Grant {
+    machine_id: i32,
+    lease: i64,
+    secret: String,
+    not_before_ms: i64,
+    expires_ms: i64,
+}
+
+fn lease(c: &mut Client, holder: &str, ttl: &str) -> Result<Grant, postgres::Error> {
+    let row = c.query_one(
+        "SELECT machine_id, lease, secret, not_before_ms, (extract(epoch FROM expires_at) * 1000)::bigint
+           FROM lease_machine_id($1, $2::text::interval)",
+        &[&holder, &ttl],
+    )?;
+    Ok(Grant { machine_id: row.get(0), lease: row.get(1), secret: row.get(2), not_before_ms: row.get(3), expires_ms: row.get(4) })
+}
+
+fn renew(c: &mut Client, g: &Grant, ttl: &str) -> Result<i64, postgres::Error> {
+    let row = c.query_one(
+        "SELECT (extract(epoch FROM renew_machine_id($1, $2, $3, $4::text::interval)) * 1000)::bigint",
+        &[&g.machine_id, &g.lease, &g.secret, &ttl],
+    )?;
+    Ok(row.get(0))
+}
+
+fn message(err: &postgres::Error) -> String {
+    err.as_db_error().map(|e| e.message().to_string()).unwrap_or_else(|| err.to_string())
+}
+
+fn wait_until(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !done() {
+        assert!(Instant::now() < deadline, "{what}: not within {limit:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Item 1 and 10: a base backup started directly (backup_label, no
+/// recovery.signal) keeps system id, timeline and database — 0.2.0 granted
+/// the id its original had leased after the backup, with not_before 0.
+/// Now any start holds off; the leases the copy knows are renewed; the first
+/// grants after the hold-off, made at once, write one identity row.
+#[test]
+fn a_base_backup_started_on_the_same_timeline_holds_off_renews_what_it_knows_and_settles_once() {
+    let conf = ["pg_ticket.lease_ids = '6-7'", "pg_ticket.lease_margin = '1s'", "pg_ticket.lease_max_ttl = '10s'"];
+    let original = Cluster::start("lh-original", 55500, &conf);
+    let mut db = original.connect();
+    let known = lease(&mut db, "known", "10 seconds").unwrap();
+    assert_eq!(known.machine_id, 6);
+    let copy_dir = PathBuf::from("/tmp/pgt-lh-copy");
+    owned_dir(&copy_dir);
+    let data = copy_dir.join("data");
+    let port = original.port.to_string();
+    pg_tool("pg_basebackup", &["-D", data.to_str().unwrap(), "-c", "fast", "-X", "stream", "-h", original.dir.to_str().unwrap(), "-p", &port, "-U", "postgres"]);
+    // Granted after the backup: the copy cannot know of it.
+    let forgotten = lease(&mut db, "forgotten", "3 seconds").unwrap();
+    assert_eq!(forgotten.machine_id, 7);
+    renew(&mut db, &known, "10 seconds").unwrap();
+    drop(db);
+    original.stop_with("fast");
+    let mut f = std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).unwrap();
+    f.write_all(format!("port = 55501\nunix_socket_directories = '{}'\n", copy_dir.display()).as_bytes()).unwrap();
+    let copy = Cluster::attach(&copy_dir, 55501);
+    copy.up(None);
+    let started = now_ms();
+    let mut db = copy.connect_when_ready();
+    let timeline: i32 = db.query_one("SELECT timeline_id FROM pg_control_checkpoint()", &[]).unwrap().get(0);
+    assert_eq!(timeline, 1, "the copy runs on its original's timeline");
+    let err = lease(&mut db, "intruder", "3 seconds").expect_err("the copy granted the id its original leased after the backup");
+    assert_eq!(sqlstate(&err), "55000", "{}", message(&err));
+    assert!(message(&err).contains("grants again in"), "{}", message(&err));
+    renew(&mut db, &known, "10 seconds").expect("a lease the copy knows is renewed during the hold-off");
+    // After the longest ttl plus the margin, eight first grants at once:
+    // one gets id 7 (6 is still held), the rest 53400; none a second hold-off.
+    std::thread::sleep(Duration::from_millis((started + 6_000 - now_ms()).max(0) as u64));
+    renew(&mut db, &known, "10 seconds").unwrap();
+    std::thread::sleep(Duration::from_millis((started + 11_000 - now_ms()).max(0) as u64 + 300));
+    renew(&mut db, &known, "10 seconds").unwrap();
+    let outcomes: Vec<Result<Grant, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..8)
+            .map(|i| {
+                let copy = &copy;
+                s.spawn(move || lease(&mut copy.connect(), &format!("first-{i}"), "3 seconds").map_err(|e| sqlstate(&e)))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let granted: Vec<&Grant> = outcomes.iter().filter_map(|o| o.as_ref().ok()).collect();
+    assert_eq!(granted.len(), 1, "{outcomes:?}");
+    assert_eq!(granted[0].machine_id, 7);
+    assert!(outcomes.iter().filter_map(|o| o.as_ref().err()).all(|e| e == "53400"), "{outcomes:?}");
+    assert!(granted[0].lease > forgotten.lease, "the copy's token repeats one its original granted");
+    let rows: i64 = db.query_one("SELECT count(*) FROM pgticket.lease_registry", &[]).unwrap().get(0);
+    assert_eq!(rows, 1, "one identity row");
+    lease(&mut db, "later", "3 seconds").map_err(|e| sqlstate(&e)).expect_err("53400: both ids held");
+    copy.stop();
+}
+
+/// Item 1: a database copied from a template, and a registry's dump
+/// restored data-only into an existing extension, hold off too (0.2.0
+/// measured their hold-off from the server's start, long past).
+#[test]
+fn a_registry_copied_from_a_template_or_restored_data_only_holds_off() {
+    let c = Cluster::start("lh-template", 55502, &["pg_ticket.lease_margin = '1s'", "pg_ticket.lease_max_ttl = '2s'"]);
+    let mut r1 = c.fresh_db("r1");
+    std::thread::sleep(Duration::from_millis(4_000)); // the server's start is long past the hold-off
+    let held = lease(&mut r1, "in-r1", "2 seconds").expect("a fresh registry grants at once");
+    drop(r1);
+    let mut admin = c.connect();
+    admin.batch_execute("CREATE DATABASE r2 TEMPLATE r1").unwrap();
+    let mut r2 = c.connect_as("postgres", "r2");
+    let err = lease(&mut r2, "in-r2", "2 seconds").expect_err("a copied registry granted at once");
+    assert_eq!(sqlstate(&err), "55000", "{}", message(&err));
+    renew(&mut r2, &held, "2 seconds").expect("the copy renews the lease it knows");
+
+    let dump = c.dir.join("r1-data.dump");
+    let (host, port) = (c.dir.to_str().unwrap().to_string(), c.port.to_string());
+    let conn = ["-h", host.as_str(), "-p", port.as_str(), "-U", "postgres"];
+    pg_tool("pg_dump", &[&conn[..], &["-Fc", "--data-only", "-f", dump.to_str().unwrap(), "r1"]].concat());
+    // Into an existing registry that granted nothing yet (a lease row of
+    // its own would be in the way of the dump's).
+    let mut r4 = c.fresh_db("r4");
+    pg_tool("pg_restore", &[&conn[..], &["-d", "r4", dump.to_str().unwrap()]].concat());
+    let restored_at = now_ms();
+    let err = lease(&mut r4, "after-restore", "2 seconds").expect_err("a data-only restore granted at once");
+    assert_eq!(sqlstate(&err), "55000", "{}", message(&err));
+    std::thread::sleep(Duration::from_millis((restored_at + 3_000 - now_ms()).max(0) as u64 + 300));
+    lease(&mut r4, "after-hold-off", "2 seconds").expect("grants after the longest ttl plus the margin");
+    c.stop();
+}
+
+/// Item 8: a lease keeps the margin it was granted under — lowering
+/// pg_ticket.lease_margin by reload shrank the gap for live leases — and a
+/// dump carries the longest ttl the registry allowed.
+#[test]
+fn a_lower_margin_by_reload_does_not_shorten_a_live_leases_gap() {
+    let c = Cluster::start("lh-margin", 55503, &["pg_ticket.lease_ids = '1'", "pg_ticket.lease_margin = '4s'"]);
+    let mut db = c.connect();
+    let first = lease(&mut db, "first", "1 second").unwrap();
+    db.batch_execute("ALTER SYSTEM SET pg_ticket.lease_margin = '1s'").unwrap();
+    db.batch_execute("SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let margin: String = c.connect().query_one("SHOW pg_ticket.lease_margin", &[]).unwrap().get(0);
+    assert_eq!(margin, "1s");
+    std::thread::sleep(Duration::from_millis((first.expires_ms + 2_000 - now_ms()).max(0) as u64));
+    let err = lease(&mut c.connect(), "second", "1 second").expect_err("granted within the margin the first lease was granted under");
+    assert_eq!(sqlstate(&err), "53400");
+    std::thread::sleep(Duration::from_millis((first.expires_ms + 4_000 - now_ms()).max(0) as u64 + 200));
+    let second = lease(&mut c.connect(), "second", "1 second").unwrap();
+    assert!(second.not_before_ms >= first.expires_ms + 4_000, "{second:?} vs the first's end {}", first.expires_ms);
+    let recorded: i64 = db.query_one("SELECT max_ttl_ms FROM pgticket.lease_registry", &[]).unwrap().get(0);
+    assert_eq!(recorded, 600_000, "the registry records the longest ttl it allows (a dump carries it)");
+    c.stop();
+}
+
+/// Items 3 and 10: a lease worker ended by pg_terminate_backend withdraws
+/// its lease before it releases, and is started again (0.2.0 exited with
+/// status 0 and was never restarted: snowflake_id() refused until the
+/// server restarted). The release reports every stamp made under the lease.
+#[test]
+fn a_terminated_lease_worker_withdraws_releases_and_is_restarted() {
+    let registry = Cluster::start("lh-registry", 55504, &["pg_ticket.lease_margin = '1s'"]);
+    let server = Cluster::start(
+        "lh-server",
+        55505,
+        &["pg_ticket.machine_id = -1", &format!("pg_ticket.registry = '{}'", registry.dsn()), "pg_ticket.machine_lease_ttl = '3s'"],
+    );
+    let mut db = server.connect();
+    wait_until("a leased machine id", Duration::from_secs(20), || db.query_one("SELECT snowflake_id()", &[]).is_ok());
+    let stop = Arc::new(AtomicBool::new(false));
+    let drawing = {
+        let (dsn, stop) = (server.dsn(), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut c = Client::connect(&dsn, postgres::NoTls).unwrap();
+            let mut ids = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(row) = c.query_one("SELECT snowflake_id()", &[]) {
+                    ids.push(row.get::<_, i64>(0));
+                }
+            }
+            ids
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let worker = lease_worker_pid(&server).expect("a lease worker");
+    let terminated: bool = db.query_one("SELECT pg_terminate_backend($1)", &[&worker]).unwrap().get(0);
+    assert!(terminated);
+    wait_until("the worker restarted with a new lease", Duration::from_secs(20), || {
+        lease_worker_pid(&server).is_some_and(|pid| pid != worker) && db.query_one("SELECT snowflake_id()", &[]).is_ok()
+    });
+    stop.store(true, Ordering::Relaxed);
+    let ids = drawing.join().unwrap();
+    assert!(!ids.is_empty());
+    let mut reg = registry.connect();
+    // Every ID the server handed out under a released lease was reported.
+    for row in reg.query("SELECT machine_id, last_issued_ms FROM pgticket.machine_id_leases WHERE ended_at IS NOT NULL", &[]).unwrap() {
+        let (machine, last): (i32, Option<i64>) = (row.get(0), row.get(1));
+        let last = last.expect("the release reports its last stamp");
+        let epoch_ms = 1_767_225_600_000;
+        for id in ids.iter().filter(|&&id| i32::from(decompose(id).unwrap().machine_id) == machine) {
+            let stamp = epoch_ms + decompose(*id).unwrap().millis as i64;
+            assert!(stamp <= last, "id {id} stamped at {stamp} after the released lease's reported last stamp {last}");
+        }
+    }
+    server.stop();
+    registry.stop();
+}
+
+/// The server's lease worker, as an administrator finds it.
+fn lease_worker_pid(server: &Cluster) -> Option<i32> {
+    let row = server.connect().query_opt("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_ticket machine-id lease'", &[]).ok()??;
+    Some(row.get(0))
+}
+
+/// Item 11: a registry restart (57P01 on the holder's connection) is not a
+/// refusal: the holder keeps its lease and renews it with the restarted
+/// registry (0.2.0 dropped it at the first error with an SQLSTATE).
+#[test]
+fn a_registry_restart_does_not_cost_a_holder_its_lease() {
+    let registry = Cluster::start("lh-restart", 55506, &["pg_ticket.lease_margin = '1s'", "pg_ticket.lease_max_ttl = '6s'"]);
+    let mut config = GeneratorConfig::new(registry.dsn(), "kept");
+    config.ttl = Duration::from_secs(6);
+    config.retry_interval = Duration::from_millis(100);
+    let generator = LeasedGenerator::start(config).unwrap();
+    let first = generator.wait_for_lease(Duration::from_secs(10)).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    registry.stop_with("fast");
+    registry.up(None);
+    // Two renewals (every 2 s) after the restart.
+    std::thread::sleep(Duration::from_millis(4_500));
+    let now = generator.lease().expect("a lease is held");
+    assert_eq!(now.lease, first.lease, "the holder lost its lease to a registry restart");
+    generator.next_id().expect("issues under the kept lease");
+    let expires: i64 = registry
+        .connect()
+        .query_one("SELECT (extract(epoch FROM expires_at) * 1000)::bigint FROM pgticket.machine_id_leases WHERE lease = $1", &[&first.lease])
+        .unwrap()
+        .get(0);
+    assert!(expires > first.expires_at_ms, "renewed after the restart");
+    drop(generator);
+    registry.stop();
+}
+
+/// A TCP proxy to a server that, once `black_hole` is set, forwards nothing
+/// more from the server: requests arrive, replies never do.
+fn black_hole_proxy(upstream_port: u16) -> (u16, Arc<AtomicBool>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let black_hole = Arc::new(AtomicBool::new(false));
+    let flag = Arc::clone(&black_hole);
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(server) = TcpStream::connect(("127.0.0.1", upstream_port)) else { continue };
+            let (mut c_in, mut s_out) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 8192];
+                while let Ok(n) = c_in.read(&mut buf) {
+                    if n == 0 || s_out.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+            let (mut s_in, mut c_out, flag) = (server, client, Arc::clone(&flag));
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 8192];
+                while let Ok(n) = s_in.read(&mut buf) {
+                    if n == 0 {
+                        break;
+                    }
+                    if !flag.load(Ordering::Relaxed) && c_out.write_all(&buf[..n]).is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    (port, black_hole)
+}
+
+fn returns_within<T: Send + 'static>(what: &str, limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit).unwrap_or_else(|_| panic!("{what} did not return within {limit:?}"))
+}
+
+/// Item 9: no call to the registry (or the block pool's database) waits
+/// without a bound once connected. 0.2.0 waited for a reply for ever, and
+/// dropping the generator or closing the pool joined that wait.
+#[test]
+fn a_database_that_never_answers_neither_hangs_a_generator_nor_a_block_pool() {
+    let db = Cluster::start("lh-blackhole", 55507, &["listen_addresses = '127.0.0.1'", "pg_ticket.lease_margin = '1s'"]);
+    let (port, black_hole) = black_hole_proxy(55507);
+    let dsn = format!("host=127.0.0.1 port={port} user=postgres dbname=postgres");
+    let mut config = GeneratorConfig::new(dsn.clone(), "black-holed");
+    config.ttl = Duration::from_secs(3);
+    let generator = LeasedGenerator::start(config).unwrap();
+    let grant = generator.wait_for_lease(Duration::from_secs(10)).unwrap();
+    let mut pool_config = PoolConfig::new(dsn, "black-holed", 1_000);
+    pool_config.wait_timeout = Duration::from_secs(2);
+    let pool = BlockPool::start(pool_config).unwrap();
+    pool.next_id().expect("a first block");
+    black_hole.store(true, Ordering::Relaxed);
+    // The renewal (every second) goes out and its reply never comes; the
+    // lease runs out by the holder's reckoning.
+    let cut = Instant::now();
+    wait_until("the generator stops issuing", Duration::from_secs(5), || generator.next_id().is_err());
+    assert!(cut.elapsed() < Duration::from_millis(3_200), "issued {:?} after the registry went silent (ttl 3 s)", cut.elapsed());
+    // The pool's idle check is under way too.
+    std::thread::sleep(Duration::from_millis(1_500));
+    returns_within("dropping the generator", Duration::from_secs(2), move || drop(generator));
+    returns_within("closing the block pool", Duration::from_secs(2), move || pool.close());
+    black_hole.store(false, Ordering::Relaxed);
+    let state: String = db
+        .connect()
+        .query_one("SELECT state FROM pgticket.machine_leases WHERE machine_id = $1", &[&i32::from(grant.machine_id)])
+        .unwrap()
+        .get(0);
+    assert_ne!(state, "released", "the release could not have reached the registry");
+    db.stop();
+}
+
+/// Item 5: a wall clock stepped forward on a running self-leasing server
+/// (libfaketime, boot clock untouched) is seen at the next stamp: 0.2.0
+/// stamped an hour ahead, so the id's next holder would collide.
+#[test]
+fn a_clock_stepped_forward_on_a_running_server_stops_its_snowflakes() {
+    let registry = Cluster::start("lh-step-registry", 55508, &["pg_ticket.lease_margin = '2s'"]);
+    let server = Cluster::start(
+        "lh-step",
+        55509,
+        &["pg_ticket.machine_id = -1", &format!("pg_ticket.registry = '{}'", registry.dsn()), "pg_ticket.machine_lease_ttl = '30s'"],
+    );
+    server.stop_with("fast");
+    let clock = server.dir.join("clock-offset");
+    std::fs::write(&clock, "+0\n").unwrap();
+    std::process::Command::new("chmod").arg("a+r").arg(&clock).status().unwrap();
+    server.up_with_clock_file(&clock);
+    let mut db = server.connect_when_ready();
+    wait_until("a leased machine id", Duration::from_secs(30), || db.query_one("SELECT snowflake_id()", &[]).is_ok());
+    std::fs::write(&clock, "+3600s\n").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let server_now: i64 =
+        db.query_one("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint", &[]).unwrap().get(0);
+    assert!(server_now > now_ms() + 3_000_000, "libfaketime did not step the server's clock");
+    let mut refused = 0;
+    for _ in 0..50 {
+        match db.query_one("SELECT snowflake_id()", &[]) {
+            Ok(row) => {
+                let id: i64 = row.get(0);
+                let stamp = 1_767_225_600_000 + decompose(id).unwrap().millis as i64;
+                panic!("stamped {} ms ahead of the registry's clock after the step", stamp - now_ms());
+            }
+            Err(e) => {
+                assert_eq!(sqlstate(&e), "55000", "{}", message(&e));
+                refused += 1;
+            }
+        }
+    }
+    assert_eq!(refused, 50);
+    std::fs::write(&clock, "+0\n").unwrap();
+    server.stop();
+    registry.stop();
+}
+
+/// Item 6: a typo in pg_ticket.lease_ids stops a preloading server (0.2.0
+/// ran with 0-1023 and a WARNING).
+#[test]
+fn a_malformed_lease_ids_stops_the_server() {
+    let log = refused_start("/tmp/pgt-lh-ids", 55510, "pg_ticket.lease_ids = '100-199, 300-'");
+    assert!(log.contains("pg_ticket.lease_ids"), "{log}");
+    assert!(log.contains("is not a list of machine ids"), "{log}");
+}
