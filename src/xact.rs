@@ -79,8 +79,18 @@ pub fn commit_confirmed_by_standbys() -> bool {
     standbys_confirmed(unsafe { pg_sys::XactLastCommitEnd })
 }
 
+/// `SyncRepLock` (`lwlocknames.h`: the same slot in 15, 16 and 18).
+fn sync_rep_lock() -> *mut pg_sys::LWLock {
+    const SYNC_REP_LOCK: usize = 32;
+    unsafe { &raw mut (*pg_sys::MainLWLockArray.add(SYNC_REP_LOCK)).lock }
+}
+
 /// Have the synchronous standbys (if any are to be waited for) flushed WAL
-/// up to `lsn`?
+/// up to `lsn`? Read under `SyncRepLock`, as the waiters' queue is: when
+/// `synchronous_standby_names` is emptied, the checkpointer releases every
+/// waiter and then marks the standbys undefined in one hold of that lock,
+/// so a released waiter reading without it could still see them defined
+/// and its commit unconfirmed.
 fn standbys_confirmed(lsn: pg_sys::XLogRecPtr) -> bool {
     unsafe {
         let ctl = pg_sys::WalSndCtl;
@@ -89,6 +99,16 @@ fn standbys_confirmed(lsn: pg_sys::XLogRecPtr) -> bool {
         if ctl.is_null() || pg_sys::max_wal_senders == 0 {
             return true;
         }
+        pg_sys::LWLockAcquire(sync_rep_lock(), pg_sys::LWLockMode::LW_SHARED);
+        let confirmed = flushed_to(ctl, lsn);
+        pg_sys::LWLockRelease(sync_rep_lock());
+        confirmed
+    }
+}
+
+/// `standbys_confirmed` with `SyncRepLock` held.
+unsafe fn flushed_to(ctl: *mut pg_sys::WalSndCtlData, lsn: pg_sys::XLogRecPtr) -> bool {
+    unsafe {
         let defined = {
             #[cfg(feature = "pg16")]
             {
