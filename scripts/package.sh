@@ -2,7 +2,8 @@
 # `make package`: the Debian package postgresql-15-pg-ticket_<version>_amd64.deb
 # in target/debian/, from a release build laid out by `cargo pgrx package`
 # (library, control file, install and upgrade scripts under /usr). Depends
-# on postgresql-15; needs no Rust on the machine it is installed on.
+# on postgresql-15 and libpq5 (the lease worker reaches its registry
+# through libpq); needs no Rust on the machine it is installed on.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -24,7 +25,7 @@ Package: $name
 Version: $version
 Architecture: $arch
 Maintainer: pg_ticket developers <pg_ticket@localhost>
-Depends: postgresql-15, libc6
+Depends: postgresql-15, libc6, libpq5
 Section: database
 Priority: optional
 Installed-Size: $size_kb

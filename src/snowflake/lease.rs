@@ -273,6 +273,12 @@ impl LeaseHolder for WorkerHolder {
         Some(settings::machine_lease_ttl_ms())
     }
 
+    /// A session to its own server (a self-registry) would hold up a smart
+    /// shutdown; one connection per renewal costs nothing that matters.
+    fn keep_connection(&self) -> bool {
+        false
+    }
+
     fn stopping(&self) -> bool {
         if BackgroundWorker::sigterm_received() {
             self.stop.set(true);

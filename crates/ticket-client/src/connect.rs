@@ -1,178 +1,443 @@
-//! Connections to the registry (and the block pool's database), every wait
-//! bounded (SPEC §8 rule 10): connecting, each statement and its reply
-//! each get at most `bound`, and give way within 100 ms to a holder that
-//! stops. A call past its bound fails, and its connection is dropped (the
-//! statement's outcome is unknown: callers treat it as a lost reply).
+//! Connections to the registry (and the block pool's database) through
+//! libpq itself, as dblink and postgres_fdw connect: connection strings and
+//! URIs as libpq users write them (quoted values, several hosts),
+//! `service=`, the `PG*` environment, `passfile=` and `~/.pgpass` with
+//! libpq's permission check, and TLS (`sslmode` up to `verify-full`,
+//! `sslrootcert`, client certificates).
 //!
-//! Connection strings as libpq users write them, for `tokio-postgres`:
-//! `passfile=...` (which the crate does not know) is taken out and the
-//! password looked up the way libpq does — in that file, else `$PGPASSFILE`,
-//! else `~/.pgpass` — when the string has none; a connect timeout and a TCP
-//! user timeout of `bound` unless the string sets its own.
+//! Every wait is bounded (SPEC §8 rule 10): connecting, and each statement
+//! with its reply, get at most `bound` each, and give way within 100 ms to
+//! a caller that stops. The socket is non-blocking and only this module
+//! waits on it (`poll`), so libpq itself never blocks. A call past its
+//! bound fails and its connection is closed: the statement's outcome is
+//! unknown, and callers treat it as a lost reply.
+//!
+//! Each connection pins `search_path` to `pg_catalog, pg_temp` and calls
+//! pg_ticket's functions qualified with the schema the extension lives in,
+//! so nothing a role put on its own `search_path` is called instead.
 
-use std::future::Future;
+use std::ffi::{c_char, c_int, CStr, CString};
 use std::time::{Duration, Instant};
-use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, NoTls, Row};
 
-/// Why a call to the database did not answer.
-#[derive(Debug, thiserror::Error)]
+use pq_sys::{ConnStatusType, ExecStatusType, PostgresPollingStatusType, PGconn, PGresult};
+
+/// Why a call to the database did not answer as asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum CallError {
-    #[error(transparent)]
-    Database(#[from] tokio_postgres::Error),
-    #[error("no answer within {0:?}; the connection was dropped")]
+    /// The server raised an error: the statement did not take effect.
+    #[error("{message}")]
+    Database { sqlstate: String, message: String },
+    /// Connecting failed, or the connection broke during a call (which
+    /// may or may not have taken effect).
+    #[error("{0}")]
+    Connection(String),
+    #[error("no answer within {0:?}; the connection was closed")]
     TimedOut(Duration),
     #[error("stopped while waiting for the database")]
     Stopped,
+    /// An answer this client cannot read (no row, a NULL, not a number).
+    #[error("unexpected answer from the database: {0}")]
+    Unexpected(String),
 }
 
 impl CallError {
     /// The SQLSTATE of an error the server raised (None: no answer, or the
     /// connection failed, when the call may or may not have happened).
-    pub fn code(&self) -> Option<&tokio_postgres::error::SqlState> {
+    pub fn code(&self) -> Option<&str> {
         match self {
-            CallError::Database(e) => e.code(),
+            CallError::Database { sqlstate, .. } => Some(sqlstate),
             _ => None,
         }
     }
 
-    /// The server's message, or what went wrong.
     pub fn message(&self) -> String {
-        match self {
-            CallError::Database(e) => e.as_db_error().map(|d| d.message().to_string()).unwrap_or_else(|| e.to_string()),
-            other => other.to_string(),
-        }
+        self.to_string()
     }
 }
 
-/// One connection with its own single-threaded runtime: the calling thread
-/// drives it only while it waits for a call.
-pub struct Conn {
-    runtime: tokio::runtime::Runtime,
-    client: Client,
-    bound: Duration,
+/// A statement parameter, sent as text (libpq's text format).
+#[derive(Debug, Clone, Copy)]
+pub enum Param<'a> {
+    Text(&'a str),
+    Int(i64),
+    Null,
 }
 
-/// Run `work` on `runtime` for at most `bound`, checking `stop` every 100 ms.
-fn bounded<T>(runtime: &tokio::runtime::Runtime, bound: Duration, stop: &dyn Fn() -> bool, work: impl Future<Output = T>) -> Result<T, CallError> {
-    let deadline = Instant::now() + bound;
-    runtime.block_on(async {
-        let mut work = std::pin::pin!(work);
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match tokio::time::timeout(left.min(Duration::from_millis(100)), &mut work).await {
-                Ok(done) => return Ok(done),
-                Err(_) if stop() => return Err(CallError::Stopped),
-                Err(_) if left.is_zero() || Instant::now() >= deadline => return Err(CallError::TimedOut(bound)),
-                Err(_) => {}
-            }
+impl<'a> From<&'a str> for Param<'a> {
+    fn from(s: &'a str) -> Self {
+        Param::Text(s)
+    }
+}
+
+impl<'a> From<&'a String> for Param<'a> {
+    fn from(s: &'a String) -> Self {
+        Param::Text(s)
+    }
+}
+
+impl From<i64> for Param<'_> {
+    fn from(n: i64) -> Self {
+        Param::Int(n)
+    }
+}
+
+impl From<i32> for Param<'_> {
+    fn from(n: i32) -> Self {
+        Param::Int(n.into())
+    }
+}
+
+impl From<Option<i64>> for Param<'_> {
+    fn from(n: Option<i64>) -> Self {
+        n.map_or(Param::Null, Param::Int)
+    }
+}
+
+/// One row of an answer, as text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Row(Vec<Option<String>>);
+
+impl Row {
+    pub fn text(&self, column: usize) -> Result<&str, CallError> {
+        match self.0.get(column) {
+            Some(Some(v)) => Ok(v),
+            Some(None) => Err(CallError::Unexpected(format!("column {column} is NULL"))),
+            None => Err(CallError::Unexpected(format!("no column {column}"))),
         }
-    })
+    }
+
+    pub fn int(&self, column: usize) -> Result<i64, CallError> {
+        let text = self.text(column)?;
+        text.parse().map_err(|_| CallError::Unexpected(format!("column {column} is not an integer: {text:?}")))
+    }
+}
+
+const PG_DIAG_SQLSTATE: c_int = b'C' as c_int;
+const PG_DIAG_MESSAGE_PRIMARY: c_int = b'M' as c_int;
+/// The longest a wait goes without checking whether the caller stops.
+const SLICE: Duration = Duration::from_millis(100);
+
+/// One libpq connection. Used by one thread at a time (libpq connections
+/// are not shared between threads, but may move between them).
+pub struct Conn {
+    raw: *mut PGconn,
+    /// The connection string it was made from.
+    dsn: String,
+    bound: Duration,
+    /// `quote_ident` of the schema pg_ticket's functions live in.
+    schema: Option<String>,
+}
+
+// SAFETY: a PGconn may be used from any thread, one at a time; `Conn` is
+// not `Sync`, and every use goes through `&mut self` or `&self` of its owner.
+unsafe impl Send for Conn {}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+fn error_message(raw: *const PGconn) -> String {
+    if raw.is_null() {
+        return "out of memory".into();
+    }
+    // SAFETY: a valid connection; the message lives as long as it does.
+    let text = unsafe { CStr::from_ptr(pq_sys::PQerrorMessage(raw)) };
+    text.to_string_lossy().trim_end().to_string()
+}
+
+fn c_string(what: &str, s: &str) -> Result<CString, CallError> {
+    CString::new(s).map_err(|_| CallError::Unexpected(format!("{what} contains a NUL byte")))
 }
 
 impl Conn {
+    /// Connects with `dsn` (a connection string or URI, as for `psql`).
+    /// Unless the string says otherwise, `connect_timeout` and
+    /// `tcp_user_timeout` follow `bound`.
     pub fn connect(dsn: &str, bound: Duration, stop: &dyn Fn() -> bool) -> Result<Conn, CallError> {
-        let config = config(dsn, bound)?;
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
-        let (client, connection) = bounded(&runtime, bound, stop, config.connect(NoTls))??;
-        runtime.spawn(connection);
-        Ok(Conn { runtime, client, bound })
-    }
-
-    pub fn query_one(&mut self, sql: &str, params: &[&(dyn ToSql + Sync)], stop: &dyn Fn() -> bool) -> Result<Row, CallError> {
-        Ok(bounded(&self.runtime, self.bound, stop, self.client.query_one(sql, params))??)
+        let deadline = Instant::now() + bound;
+        // Parameters before `dbname` are defaults: the expanded string
+        // overrides them (libpq's PQconnectdbParams rule).
+        let pairs = [
+            ("connect_timeout", bound.as_secs().max(2).to_string()),
+            ("tcp_user_timeout", bound.as_millis().to_string()),
+            ("dbname", dsn.to_string()),
+        ];
+        let keys: Vec<CString> = pairs.iter().map(|(k, _)| c_string("a keyword", k)).collect::<Result<_, _>>()?;
+        let values: Vec<CString> = pairs.iter().map(|(_, v)| c_string("the connection string", v)).collect::<Result<_, _>>()?;
+        let mut key_ptrs: Vec<*const c_char> = keys.iter().map(|k| k.as_ptr()).collect();
+        let mut value_ptrs: Vec<*const c_char> = values.iter().map(|v| v.as_ptr()).collect();
+        key_ptrs.push(std::ptr::null());
+        value_ptrs.push(std::ptr::null());
+        // SAFETY: NULL-terminated arrays of C strings that outlive the call.
+        let raw = unsafe { pq_sys::PQconnectStartParams(key_ptrs.as_ptr(), value_ptrs.as_ptr(), 1) };
+        let mut conn = Conn { raw, dsn: dsn.to_string(), bound, schema: None };
+        if raw.is_null() || unsafe { pq_sys::PQstatus(raw) } == ConnStatusType::CONNECTION_BAD {
+            return Err(CallError::Connection(error_message(raw)));
+        }
+        // As libpq's documentation says: first wait as if it asked to write.
+        let mut want_write = true;
+        loop {
+            conn.wait_ready(want_write, deadline, stop)?;
+            // SAFETY: a connection being established.
+            match unsafe { pq_sys::PQconnectPoll(conn.raw) } {
+                PostgresPollingStatusType::PGRES_POLLING_OK => break,
+                PostgresPollingStatusType::PGRES_POLLING_FAILED => return Err(CallError::Connection(error_message(conn.raw))),
+                PostgresPollingStatusType::PGRES_POLLING_READING => want_write = false,
+                _ => want_write = true,
+            }
+        }
+        // SAFETY: an established connection.
+        if unsafe { pq_sys::PQsetnonblocking(conn.raw, 1) } != 0 {
+            return Err(CallError::Connection(error_message(conn.raw)));
+        }
+        conn.query_one("SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false)", &[], stop)?;
+        Ok(conn)
     }
 
     pub fn is_closed(&self) -> bool {
-        self.client.is_closed()
+        // SAFETY: a valid connection, or null.
+        self.raw.is_null() || unsafe { pq_sys::PQstatus(self.raw) } != ConnStatusType::CONNECTION_OK
+    }
+
+    fn close(&mut self) {
+        if !self.raw.is_null() {
+            // SAFETY: finished once; the pointer is forgotten after.
+            unsafe { pq_sys::PQfinish(self.raw) };
+            self.raw = std::ptr::null_mut();
+        }
+    }
+
+    /// Waits, in slices of at most 100 ms, until the socket can be read
+    /// (or written, with `write`), the deadline passes, or `stop` says so.
+    fn wait_ready(&self, write: bool, deadline: Instant, stop: &dyn Fn() -> bool) -> Result<(), CallError> {
+        self.wait(write, deadline, stop).map(|_| ())
+    }
+
+    /// As `wait_ready`; true if the socket can be read.
+    fn wait(&self, write: bool, deadline: Instant, stop: &dyn Fn() -> bool) -> Result<bool, CallError> {
+        loop {
+            // SAFETY: a valid connection (the socket may change while connecting).
+            let fd = unsafe { pq_sys::PQsocket(self.raw) };
+            if fd < 0 {
+                return Err(CallError::Connection(error_message(self.raw)));
+            }
+            if stop() {
+                return Err(CallError::Stopped);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(CallError::TimedOut(self.bound));
+            }
+            let events = if write { libc::POLLIN | libc::POLLOUT } else { libc::POLLIN };
+            let mut pfd = libc::pollfd { fd, events, revents: 0 };
+            let ms = left.min(SLICE).as_millis().max(1) as c_int;
+            // SAFETY: one pollfd.
+            let n = unsafe { libc::poll(&mut pfd, 1, ms) };
+            if n > 0 {
+                return Ok(pfd.revents & !libc::POLLOUT != 0);
+            }
+            if n < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                return Err(CallError::Connection(format!("poll: {}", std::io::Error::last_os_error())));
+            }
+        }
+    }
+
+    /// Runs one statement and returns its first row; the statement must
+    /// return one.
+    pub fn query_one(&mut self, sql: &str, params: &[Param<'_>], stop: &dyn Fn() -> bool) -> Result<Row, CallError> {
+        if self.is_closed() {
+            return Err(CallError::Connection("the connection is closed".into()));
+        }
+        let outcome = self.run(sql, params, stop);
+        if outcome.as_ref().is_err_and(|e| e.code().is_none()) {
+            // No answer, or a broken connection: this one is done.
+            self.close();
+        }
+        outcome?.ok_or_else(|| CallError::Unexpected(format!("no row from {sql:?}")))
+    }
+
+    fn run(&mut self, sql: &str, params: &[Param<'_>], stop: &dyn Fn() -> bool) -> Result<Option<Row>, CallError> {
+        let deadline = Instant::now() + self.bound;
+        let sql = c_string("the statement", sql)?;
+        let texts: Vec<Option<CString>> = params
+            .iter()
+            .map(|p| match p {
+                Param::Text(s) => c_string("a parameter", s).map(Some),
+                Param::Int(n) => c_string("a parameter", &n.to_string()).map(Some),
+                Param::Null => Ok(None),
+            })
+            .collect::<Result<_, _>>()?;
+        let values: Vec<*const c_char> = texts.iter().map(|t| t.as_ref().map_or(std::ptr::null(), |t| t.as_ptr())).collect();
+        // SAFETY: the statement and parameters outlive the call; types,
+        // lengths and formats NULL (text, inferred).
+        let sent = unsafe {
+            pq_sys::PQsendQueryParams(
+                self.raw,
+                sql.as_ptr(),
+                values.len() as c_int,
+                std::ptr::null(),
+                values.as_ptr(),
+                std::ptr::null(),
+                std::ptr::null(),
+                0,
+            )
+        };
+        if sent == 0 {
+            return Err(CallError::Connection(error_message(self.raw)));
+        }
+        // SAFETY (the rest): a connection with a statement in flight.
+        loop {
+            match unsafe { pq_sys::PQflush(self.raw) } {
+                0 => break,
+                1 => {
+                    if self.wait(true, deadline, stop)? && unsafe { pq_sys::PQconsumeInput(self.raw) } == 0 {
+                        return Err(CallError::Connection(error_message(self.raw)));
+                    }
+                }
+                _ => return Err(CallError::Connection(error_message(self.raw))),
+            }
+        }
+        let (mut row, mut error) = (None, None);
+        loop {
+            while unsafe { pq_sys::PQisBusy(self.raw) } != 0 {
+                self.wait_ready(false, deadline, stop)?;
+                if unsafe { pq_sys::PQconsumeInput(self.raw) } == 0 {
+                    return Err(CallError::Connection(error_message(self.raw)));
+                }
+            }
+            let result = unsafe { pq_sys::PQgetResult(self.raw) };
+            if result.is_null() {
+                break;
+            }
+            match unsafe { pq_sys::PQresultStatus(result) } {
+                ExecStatusType::PGRES_TUPLES_OK if row.is_none() && unsafe { pq_sys::PQntuples(result) } > 0 => {
+                    row = Some(first_row(result));
+                }
+                ExecStatusType::PGRES_TUPLES_OK | ExecStatusType::PGRES_COMMAND_OK => {}
+                _ => error = error.or_else(|| Some(result_error(result, self.raw))),
+            }
+            unsafe { pq_sys::PQclear(result) };
+        }
+        match error {
+            Some(e) => Err(e),
+            None => Ok(row),
+        }
+    }
+
+    /// The schema pg_ticket's functions live in on this connection
+    /// (`quote_ident`ed), looked up once.
+    pub fn extension_schema(&mut self, stop: &dyn Fn() -> bool) -> Result<String, CallError> {
+        if let Some(schema) = &self.schema {
+            return Ok(schema.clone());
+        }
+        let row = self.query_one(
+            "SELECT pg_catalog.quote_ident(n.nspname) FROM pg_catalog.pg_extension e \
+               JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace \
+              WHERE e.extname OPERATOR(pg_catalog.=) 'pg_ticket'",
+            &[],
+            stop,
+        );
+        let schema = match row {
+            Ok(row) => row.text(0)?.to_string(),
+            Err(CallError::Unexpected(_)) => {
+                return Err(CallError::Database {
+                    sqlstate: "55000".into(),
+                    message: "pg_ticket is not installed in this database (CREATE EXTENSION pg_ticket)".into(),
+                })
+            }
+            Err(e) => return Err(e),
+        };
+        self.schema = Some(schema.clone());
+        Ok(schema)
     }
 }
 
-/// The connection in `slot`, made anew if there is none or the server
-/// closed it.
+/// Row 0 of a result, as text.
+fn first_row(result: *const PGresult) -> Row {
+    // SAFETY: a TUPLES_OK result with at least one row.
+    let columns = unsafe { pq_sys::PQnfields(result) };
+    Row(
+        (0..columns)
+            .map(|c| unsafe {
+                (pq_sys::PQgetisnull(result, 0, c) == 0).then(|| CStr::from_ptr(pq_sys::PQgetvalue(result, 0, c)).to_string_lossy().into_owned())
+            })
+            .collect(),
+    )
+}
+
+/// The error a failed result carries. One without an SQLSTATE is libpq's
+/// own (the connection broke): the call's outcome is unknown.
+fn result_error(result: *const PGresult, raw: *const PGconn) -> CallError {
+    let field = |code| {
+        // SAFETY: a result; the field is NULL or lives as long as it.
+        let p = unsafe { pq_sys::PQresultErrorField(result, code) };
+        (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+    };
+    match (field(PG_DIAG_SQLSTATE), field(PG_DIAG_MESSAGE_PRIMARY)) {
+        (Some(sqlstate), Some(message)) => CallError::Database { sqlstate, message },
+        _ => CallError::Connection(error_message(raw)),
+    }
+}
+
+/// The connection in `slot`, made anew if there is none, it closed, or it
+/// was made from another connection string.
 pub fn reuse_or_connect<'a>(slot: &'a mut Option<Conn>, dsn: &str, bound: Duration, stop: &dyn Fn() -> bool) -> Result<&'a mut Conn, CallError> {
-    if slot.as_ref().is_none_or(|c| c.is_closed()) {
+    if slot.as_ref().is_none_or(|c| c.is_closed() || c.dsn != dsn) {
+        *slot = None;
         *slot = Some(Conn::connect(dsn, bound, stop)?);
     }
     Ok(slot.as_mut().expect("connected"))
 }
 
-pub fn config(dsn: &str, bound: Duration) -> Result<tokio_postgres::Config, tokio_postgres::Error> {
-    let mut passfile = None;
-    let mut rest = Vec::new();
-    for part in dsn.split_whitespace() {
-        match part.strip_prefix("passfile=") {
-            Some(path) => passfile = Some(path.trim_matches('\'').to_string()),
-            None => rest.push(part),
-        }
-    }
-    let mut config: tokio_postgres::Config = rest.join(" ").parse()?;
-    if config.get_password().is_none() {
-        let file = passfile
-            .or_else(|| std::env::var("PGPASSFILE").ok())
-            .or_else(|| std::env::var("HOME").ok().map(|h| format!("{h}/.pgpass")));
-        if let Some(password) = file.and_then(|f| std::fs::read_to_string(f).ok()).and_then(|text| lookup(&text, &config)) {
-            config.password(password);
-        }
-    }
-    if config.get_connect_timeout().is_none() {
-        config.connect_timeout(bound);
-    }
-    if config.get_tcp_user_timeout().is_none() {
-        config.tcp_user_timeout(bound);
-    }
-    Ok(config)
-}
-
-/// The password of the first matching `host:port:database:user:password`
-/// line (`*` matches anything; `\:` and `\\` are escapes).
-fn lookup(text: &str, config: &tokio_postgres::Config) -> Option<String> {
-    let host = match config.get_hosts().first() {
-        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
-        _ => "localhost".to_string(),
-    };
-    let port = config.get_ports().first().copied().unwrap_or(5432).to_string();
-    let user = config.get_user().unwrap_or_default().to_string();
-    let dbname = config.get_dbname().map(str::to_string).unwrap_or_else(|| user.clone());
-    let wanted = [host, port, dbname, user];
-    text.lines().filter(|l| !l.starts_with('#')).find_map(|line| {
-        let fields = split_fields(line);
-        if fields.len() != 5 {
-            return None;
-        }
-        let matches = fields[..4].iter().zip(&wanted).all(|(f, w)| f == "*" || f == w);
-        matches.then(|| fields[4].clone())
-    })
-}
-
-fn split_fields(line: &str) -> Vec<String> {
-    let mut fields = vec![String::new()];
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '\\' => fields.last_mut().unwrap().extend(chars.next()),
-            ':' => fields.push(String::new()),
-            c => fields.last_mut().unwrap().push(c),
-        }
-    }
-    fields
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::net::TcpListener;
+
+    /// A server that accepts connections and never says a word.
+    fn silent_server() -> u16 {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let held: Vec<_> = listener.incoming().collect();
+            drop(held);
+        });
+        port
+    }
 
     #[test]
-    fn a_passfile_gives_the_password_of_the_first_matching_line() {
-        let dir = std::env::temp_dir().join(format!("ticket-client-pgpass-{}", std::process::id()));
-        std::fs::write(&dir, "# comment\nother:5432:*:app:nope\nreg.example:6432:ids:app:s3cr\\:et\n*:*:*:*:fallback\n").unwrap();
-        let dsn = format!("host=reg.example port=6432 user=app dbname=ids passfile={}", dir.display());
-        let c = config(&dsn, Duration::from_secs(1)).unwrap();
-        assert_eq!(c.get_password(), Some(&b"s3cr:et"[..]));
-        let c = config(&format!("host=x user=app passfile={}", dir.display()), Duration::from_secs(1)).unwrap();
-        assert_eq!(c.get_password(), Some(&b"fallback"[..]));
-        let c = config(&format!("host=x user=app password=given passfile={}", dir.display()), Duration::from_secs(1)).unwrap();
-        assert_eq!(c.get_password(), Some(&b"given"[..]), "a password in the string wins");
-        std::fs::remove_file(dir).unwrap();
+    fn a_server_that_never_answers_costs_the_bound_and_a_stop_is_heeded() {
+        let dsn = format!("host=127.0.0.1 port={} user=x dbname=x", silent_server());
+        let bound = Duration::from_millis(500);
+        let started = Instant::now();
+        let err = Conn::connect(&dsn, bound, &|| false).err().expect("no connection");
+        assert_eq!(err, CallError::TimedOut(bound));
+        assert!(started.elapsed() < Duration::from_secs(3), "the bound holds: {:?}", started.elapsed());
+
+        let started = Instant::now();
+        let stop = || started.elapsed() > Duration::from_millis(200);
+        let err = Conn::connect(&dsn, Duration::from_secs(60), &stop).err().expect("no connection");
+        assert_eq!(err, CallError::Stopped);
+        assert!(started.elapsed() < Duration::from_secs(3), "a stop is heeded: {:?}", started.elapsed());
+    }
+
+    #[test]
+    fn connection_strings_are_read_by_libpq() {
+        let refused = |dsn: &str| match Conn::connect(dsn, Duration::from_secs(2), &|| false) {
+            Err(CallError::Connection(message)) => message,
+            Err(other) => panic!("{dsn}: {other:?}"),
+            Ok(_) => panic!("{dsn}: connected"),
+        };
+        let m = refused("host=/tmp no_such_option=1");
+        assert!(m.contains("invalid connection option \"no_such_option\""), "{m}");
+        // A quoted value with spaces is one value (0.2.0 split it).
+        let m = refused("host='/no such directory' port=1");
+        assert!(m.contains("/no such directory"), "{m}");
+        let m = refused("postgresql://localhost:1/db?sslmode=bogus");
+        assert!(m.contains("sslmode"), "{m}");
+        let m = refused("service=pg_ticket_no_such_service");
+        assert!(m.contains("pg_ticket_no_such_service"), "{m}");
     }
 }

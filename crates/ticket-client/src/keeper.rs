@@ -50,6 +50,12 @@ pub trait LeaseHolder {
     fn ttl_ms(&self) -> Option<i64> {
         None
     }
+    /// Keep the connection open between calls? The server's own worker
+    /// closes it: an open session to its own server would hold up a smart
+    /// shutdown, which waits for every client session to end.
+    fn keep_connection(&self) -> bool {
+        true
+    }
 }
 
 pub struct LeaseKeeper {
@@ -59,11 +65,14 @@ pub struct LeaseKeeper {
     /// The registry's longest ttl, once it refused a longer one.
     ttl_cap_ms: Option<i64>,
     conn: Option<Conn>,
+    /// The registry the current lease was granted by (its connection
+    /// string): a lease is renewed and released only there.
+    leased_from: Option<String>,
 }
 
 impl LeaseKeeper {
     pub fn new(holder_name: String, ttl_ms: i64, retry_ms: i64) -> Self {
-        LeaseKeeper { holder_name, ttl_ms, retry_ms, ttl_cap_ms: None, conn: None }
+        LeaseKeeper { holder_name, ttl_ms, retry_ms, ttl_cap_ms: None, conn: None, leased_from: None }
     }
 
     /// A registry that does not answer costs at most a third of the ttl per
@@ -76,18 +85,31 @@ impl LeaseKeeper {
         self.ttl_cap_ms.map_or(self.ttl_ms, |cap| self.ttl_ms.min(cap))
     }
 
-    fn call<T>(&mut self, holder: &impl LeaseHolder, f: impl FnOnce(&mut Conn, &dyn Fn() -> bool) -> Result<T, CallError>) -> Result<T, CallError> {
-        let stop = || holder.stopping();
+    /// One call to the registry at `dsn`, bounded, giving way to a stop
+    /// unless `until_stop` is false.
+    fn call_at<T>(
+        &mut self,
+        holder: &impl LeaseHolder,
+        dsn: &str,
+        until_stop: bool,
+        f: impl FnOnce(&mut Conn, &dyn Fn() -> bool) -> Result<T, CallError>,
+    ) -> Result<T, CallError> {
+        let stop = || until_stop && holder.stopping();
         let bound = self.bound();
-        let outcome = reuse_or_connect(&mut self.conn, &holder.dsn(), bound, &stop).and_then(|conn| f(conn, &stop));
+        let outcome = reuse_or_connect(&mut self.conn, dsn, bound, &stop).and_then(|conn| f(conn, &stop));
+        if outcome.as_ref().is_err_and(|e| e.code().is_none()) || !holder.keep_connection() {
+            // No answer, or the connection failed: start over.
+            self.conn = None;
+        }
         if let Err(e) = &outcome {
-            if e.code().is_none() {
-                // No answer, or the connection failed: start over.
-                self.conn = None;
-            }
             holder.report(&e.message());
         }
         outcome
+    }
+
+    fn call<T>(&mut self, holder: &impl LeaseHolder, f: impl FnOnce(&mut Conn, &dyn Fn() -> bool) -> Result<T, CallError>) -> Result<T, CallError> {
+        let dsn = self.leased_from.clone().unwrap_or_else(|| holder.dsn());
+        self.call_at(holder, &dsn, true, f)
     }
 
     fn published(grant: Grant, sent_boot_ms: i64, sent_wall_ms: i64, ttl_ms: i64, registry_now_ms: i64) -> Published {
@@ -119,6 +141,12 @@ impl LeaseKeeper {
                 self.stop(holder);
                 return;
             }
+            if self.leased_from.as_ref().is_some_and(|from| *from != holder.dsn()) {
+                // The registry setting changed: end the lease where it was
+                // granted, then lease at the new registry. Nothing is
+                // stamped in between.
+                self.stop(holder);
+            }
             let now = boot_ms();
             match holder.current() {
                 Some(p) if p.reckoning.may_issue(now) => {
@@ -132,7 +160,7 @@ impl LeaseKeeper {
                 // is left to expire at the registry).
                 held => {
                     if held.is_some() {
-                        holder.withdraw();
+                        self.lease_over(holder);
                     }
                     self.lease(holder);
                 }
@@ -143,24 +171,30 @@ impl LeaseKeeper {
     /// Withdraw, then read the last stamp, then release: a stamp made after
     /// the release would be one the next holder does not know of.
     fn stop(&mut self, holder: &impl LeaseHolder) {
+        let from = self.leased_from.take();
         let Some(p) = holder.current() else { return };
         holder.withdraw();
         let last = holder.last_stamp_ms();
         // Bounded, and not cut short by the stop itself: one release.
-        let bound = self.bound();
-        let never = || false;
-        if let Ok(conn) = reuse_or_connect(&mut self.conn, &holder.dsn(), bound, &never) {
-            if let Err(e) = registry::release(conn, &p.grant, last, &never) {
-                holder.report(&e.message());
-            }
-        }
+        let dsn = from.unwrap_or_else(|| holder.dsn());
+        let _ = self.call_at(holder, &dsn, false, |conn, stop| registry::release(conn, &p.grant, last, stop));
+    }
+
+    /// The registry said the lease is over, or its reckoning ran out: it is
+    /// left to expire there.
+    fn lease_over(&mut self, holder: &impl LeaseHolder) {
+        holder.withdraw();
+        self.leased_from = None;
     }
 
     fn lease(&mut self, holder: &impl LeaseHolder) {
         let (sent, sent_wall) = (boot_ms(), wall_ms());
-        let (name, ttl_ms) = (self.holder_name.clone(), self.ttl_now());
-        match self.call(holder, |conn, stop| registry::lease(conn, &name, ttl_ms, stop)) {
-            Ok((grant, registry_now_ms)) => holder.publish(Self::published(grant, sent, sent_wall, ttl_ms, registry_now_ms)),
+        let (name, ttl_ms, dsn) = (self.holder_name.clone(), self.ttl_now(), holder.dsn());
+        match self.call_at(holder, &dsn, true, |conn, stop| registry::lease(conn, &name, ttl_ms, stop)) {
+            Ok((grant, registry_now_ms)) => {
+                self.leased_from = Some(dsn);
+                holder.publish(Self::published(grant, sent, sent_wall, ttl_ms, registry_now_ms))
+            }
             Err(e) => {
                 if registry::ttl_refused(&e) {
                     self.cap_ttl(holder);
@@ -179,7 +213,7 @@ impl LeaseKeeper {
             Ok((expires_at_ms, registry_now_ms)) => {
                 holder.publish(Self::published(Grant { expires_at_ms, ..current.grant }, sent, sent_wall, ttl_ms, registry_now_ms))
             }
-            Err(e) if registry::lease_is_over(&e) => holder.withdraw(),
+            Err(e) if registry::lease_is_over(&e) => self.lease_over(holder),
             Err(e) => {
                 if registry::ttl_refused(&e) {
                     self.cap_ttl(holder);

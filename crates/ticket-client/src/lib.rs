@@ -14,8 +14,7 @@
 //! - `clock`: the clocks (wall for stamps, boot for the lease reckoning).
 //! - `registry`: the lease protocol's SQL calls; `keeper`: the holder's
 //!   side of the protocol, shared with the server's own lease worker.
-//! - `connect`: connections whose every wait is bounded, from connection
-//!   strings with `passfile=`.
+//! - `connect`: connections through libpq, every wait bounded.
 //! - `generator`, `pool`: the two allocators.
 
 pub mod clock;
@@ -44,8 +43,6 @@ pub enum ClientError {
     Snowflake(#[from] ticket_core::snowflake::SnowflakeError),
     #[error("no block is available for {name:?} (both blocks spent and no new one fetched in {waited_ms} ms{})", last_error_suffix(.last_error))]
     BlocksExhausted { name: String, waited_ms: u64, last_error: Option<String> },
-    #[error(transparent)]
-    Database(#[from] postgres::Error),
 }
 
 fn last_error_suffix(e: &Option<String>) -> String {

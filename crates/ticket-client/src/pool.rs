@@ -257,7 +257,9 @@ impl Fetcher {
         let name = self.shared.config.name.clone();
         let shared = Arc::clone(&self.shared);
         let stop = move || shared.lock().stop;
-        let mark: i64 = self.connection()?.query_one("SELECT current_block_mark($1)", &[&name], &stop)?.get(0);
+        let conn = self.connection()?;
+        let schema = conn.extension_schema(&stop)?;
+        let mark = conn.query_one(&format!("SELECT {schema}.current_block_mark($1)"), &[(&name).into()], &stop)?.int(0)?;
         let mut guard = self.shared.lock();
         let st = &mut *guard;
         for slot in [&mut st.current, &mut st.ahead] {
@@ -279,10 +281,11 @@ impl Fetcher {
         }
         let shared = Arc::clone(&self.shared);
         let stop = move || shared.lock().stop;
+        let schema = self.connection()?.extension_schema(&stop)?;
         self.in_flight = true;
-        let row = self.connection()?.query_one("SELECT first_id, last_id FROM reserve_block($1, $2)", &[&name, &size], &stop)?;
+        let row = self.connection()?.query_one(&format!("SELECT first_id, last_id FROM {schema}.reserve_block($1, $2)"), &[(&name).into(), size.into()], &stop)?;
         self.in_flight = false;
-        let block = Block { next: row.get(0), last: row.get(1) };
+        let block = Block { next: row.int(0)?, last: row.int(1)? };
         let mut st = self.shared.lock();
         st.stats.blocks_reserved += 1;
         st.last_error = None;

@@ -1,58 +1,72 @@
 //! The lease protocol's SQL calls (SPEC §8), each in its own autocommit
 //! statement: the reply arrives only after the registry's durable commit,
-//! so a reply is a lease the registry will remember.
+//! so a reply is a lease the registry will remember. pg_ticket's functions
+//! are called in the schema the extension lives in (`Conn::extension_schema`).
 
 use crate::connect::{CallError, Conn};
 pub use ticket_core::leases::Grant;
 use ticket_core::leases::{parse_secret, secret_text};
+
+/// The SQLSTATEs the protocol answers with.
+const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
+const INVALID_PARAMETER_VALUE: &str = "22023";
 
 fn ttl_text(ttl_ms: i64) -> String {
     format!("{ttl_ms} milliseconds")
 }
 
 /// Unix ms on the registry's clock, read during the call (for the skew).
-const REGISTRY_NOW: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+const REGISTRY_NOW: &str = "(extract(epoch FROM pg_catalog.clock_timestamp()) * 1000)::bigint";
+
+/// A setting of the registry's that is an interval, in ms.
+fn setting_ms(name: &str) -> String {
+    format!("(extract(epoch FROM pg_catalog.current_setting('{name}')::interval) * 1000)::bigint")
+}
 
 /// A grant, and the registry's clock during the call.
 pub fn lease(conn: &mut Conn, holder: &str, ttl_ms: i64, stop: &dyn Fn() -> bool) -> Result<(Grant, i64), CallError> {
-    // The setting is read after the call has loaded the library.
+    let schema = conn.extension_schema(stop)?;
+    // The margin is read after the call has loaded the library.
     let row = conn.query_one(
-        &format!("SELECT l.machine_id, l.lease, l.secret, l.not_before_ms, (extract(epoch FROM l.expires_at) * 1000)::bigint, l.epoch_ms,
-                (extract(epoch FROM current_setting('pg_ticket.lease_margin')::interval) * 1000)::bigint, {REGISTRY_NOW}
-           FROM lease_machine_id($1, $2::text::interval) l"),
-        &[&holder, &ttl_text(ttl_ms)],
+        &format!(
+            "SELECT l.machine_id, l.lease, l.secret, l.not_before_ms, (extract(epoch FROM l.expires_at) * 1000)::bigint, l.epoch_ms, \
+                    {}, {REGISTRY_NOW} \
+               FROM {schema}.lease_machine_id($1, $2::interval) l",
+            setting_ms("pg_ticket.lease_margin")
+        ),
+        &[holder.into(), (&ttl_text(ttl_ms)).into()],
         stop,
     )?;
-    let secret: String = row.get(2);
+    let machine_id = u16::try_from(row.int(0)?).map_err(|_| CallError::Unexpected("a machine id out of range".into()))?;
     let grant = Grant {
-        machine_id: row.get::<_, i32>(0) as u16,
-        lease: row.get(1),
-        // The registry made it; one it cannot have made is its bug, and
-        // a lease that cannot be renewed is simply left to expire.
-        secret: parse_secret(&secret).unwrap_or_default(),
-        not_before_ms: row.get(3),
-        expires_at_ms: row.get(4),
-        epoch_ms: row.get(5),
-        margin_ms: row.get(6),
+        machine_id,
+        lease: row.int(1)?,
+        secret: parse_secret(row.text(2)?).map_err(|e| CallError::Unexpected(e.to_string()))?,
+        not_before_ms: row.int(3)?,
+        expires_at_ms: row.int(4)?,
+        epoch_ms: row.int(5)?,
+        margin_ms: row.int(6)?,
     };
-    Ok((grant, row.get(7)))
+    Ok((grant, row.int(7)?))
 }
 
 /// The new expiry (Unix ms, the registry's clock), and the registry's clock
 /// during the call.
 pub fn renew(conn: &mut Conn, grant: &Grant, ttl_ms: i64, last_issued_ms: Option<i64>, stop: &dyn Fn() -> bool) -> Result<(i64, i64), CallError> {
+    let schema = conn.extension_schema(stop)?;
     let row = conn.query_one(
-        &format!("SELECT (extract(epoch FROM renew_machine_id($1, $2, $3, $4::text::interval, $5)) * 1000)::bigint, {REGISTRY_NOW}"),
-        &[&i32::from(grant.machine_id), &grant.lease, &secret_text(grant.secret), &ttl_text(ttl_ms), &last_issued_ms],
+        &format!("SELECT (extract(epoch FROM {schema}.renew_machine_id($1, $2, $3, $4::interval, $5)) * 1000)::bigint, {REGISTRY_NOW}"),
+        &[i32::from(grant.machine_id).into(), grant.lease.into(), (&secret_text(grant.secret)).into(), (&ttl_text(ttl_ms)).into(), last_issued_ms.into()],
         stop,
     )?;
-    Ok((row.get(0), row.get(1)))
+    Ok((row.int(0)?, row.int(1)?))
 }
 
 pub fn release(conn: &mut Conn, grant: &Grant, last_issued_ms: Option<i64>, stop: &dyn Fn() -> bool) -> Result<(), CallError> {
+    let schema = conn.extension_schema(stop)?;
     conn.query_one(
-        "SELECT 1 FROM release_machine_id($1, $2, $3, $4)",
-        &[&i32::from(grant.machine_id), &grant.lease, &secret_text(grant.secret), &last_issued_ms],
+        &format!("SELECT 1 FROM {schema}.release_machine_id($1, $2, $3, $4)"),
+        &[i32::from(grant.machine_id).into(), grant.lease.into(), (&secret_text(grant.secret)).into(), last_issued_ms.into()],
         stop,
     )?;
     Ok(())
@@ -61,8 +75,7 @@ pub fn release(conn: &mut Conn, grant: &Grant, last_issued_ms: Option<i64>, stop
 /// The registry's `pg_ticket.lease_max_ttl` (after a ttl was refused as
 /// longer than it allows).
 pub fn max_ttl_ms(conn: &mut Conn, stop: &dyn Fn() -> bool) -> Result<i64, CallError> {
-    let row = conn.query_one("SELECT (extract(epoch FROM current_setting('pg_ticket.lease_max_ttl')::interval) * 1000)::bigint", &[], stop)?;
-    Ok(row.get(0))
+    conn.query_one(&format!("SELECT {}", setting_ms("pg_ticket.lease_max_ttl")), &[], stop)?.int(0)
 }
 
 /// Did the registry say this lease is over (expired, released, revoked,
@@ -71,11 +84,11 @@ pub fn max_ttl_ms(conn: &mut Conn, stop: &dyn Fn() -> bool) -> Result<i64, CallE
 /// connection, no answer — may pass: the holder retries until its own
 /// reckoning runs out.
 pub fn lease_is_over(e: &CallError) -> bool {
-    e.code() == Some(&tokio_postgres::error::SqlState::OBJECT_NOT_IN_PREREQUISITE_STATE)
+    e.code() == Some(OBJECT_NOT_IN_PREREQUISITE_STATE)
 }
 
 /// Did the registry refuse the ttl (22023: longer than its
 /// `pg_ticket.lease_max_ttl`)?
 pub fn ttl_refused(e: &CallError) -> bool {
-    e.code() == Some(&tokio_postgres::error::SqlState::INVALID_PARAMETER_VALUE)
+    e.code() == Some(INVALID_PARAMETER_VALUE)
 }

