@@ -85,6 +85,22 @@ REVOKE ALL ON SEQUENCE pgticket.lease_registry_seen FROM PUBLIC;
 -- An updated registry's row is not its own (it has no start): it holds off
 -- once, from its first call, since 0.2.0 did not hold off at a restart.
 
+-- 0.3.0: a registry's leases are never emptied or rewound (SPEC §13.10): a
+-- row gone or lowered would let an id be granted while its holder still
+-- stamps. A registry created, dropped and created again, or whose identity
+-- rows were removed holds off like a restored one (end_lease_hold_off()
+-- vouches for one new to its fleet), and its tokens move past the clock.
+CREATE TRIGGER forward_only BEFORE UPDATE ON pgticket.machine_id_leases
+    FOR EACH ROW WHEN (NEW.machine_id IS DISTINCT FROM OLD.machine_id OR NEW.lease < OLD.lease
+                       OR NEW.not_before_ms < OLD.not_before_ms)
+    EXECUTE FUNCTION pgticket.refuse_rewind();
+CREATE TRIGGER never_emptied BEFORE DELETE ON pgticket.machine_id_leases
+    FOR EACH ROW EXECUTE FUNCTION pgticket.refuse_rewind();
+CREATE TRIGGER never_truncated BEFORE TRUNCATE ON pgticket.machine_id_leases
+    FOR EACH STATEMENT EXECUTE FUNCTION pgticket.refuse_rewind();
+ALTER TABLE pgticket.machine_id_leases ENABLE ALWAYS TRIGGER forward_only, ENABLE ALWAYS TRIGGER never_emptied,
+    ENABLE ALWAYS TRIGGER never_truncated;
+
 -- Leases need their secret: the functions change their signatures (0.2.0's
 -- leases have none, run to their end, and are not renewed).
 DROP FUNCTION lease_machine_id(text, interval);
@@ -126,6 +142,12 @@ AS 'MODULE_PATHNAME', 'release_machine_id_with_secret_wrapper';
 REVOKE EXECUTE ON FUNCTION lease_machine_id(text, interval) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION renew_machine_id(integer, bigint, text, interval, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION release_machine_id(integer, bigint, text, bigint) FROM PUBLIC;
+-- An administrator vouches that a holding-off registry may grant at once.
+CREATE FUNCTION "end_lease_hold_off"() RETURNS bool
+STRICT VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'end_lease_hold_off_wrapper';
+REVOKE EXECUTE ON FUNCTION end_lease_hold_off() FROM PUBLIC;
 -- No view shows a lease's token to a role that is not the registry's owner.
 CREATE OR REPLACE VIEW pgticket.machine_leases AS
     SELECT l.machine_id, l.holder,

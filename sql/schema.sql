@@ -171,5 +171,21 @@ ALTER TABLE pgticket.lease_registry ADD COLUMN started_at timestamptz,
     ADD COLUMN max_ttl_ms bigint NOT NULL DEFAULT 0, ADD COLUMN margin_ms bigint NOT NULL DEFAULT 0;
 CREATE SEQUENCE pgticket.lease_registry_seen;
 REVOKE ALL ON SEQUENCE pgticket.lease_registry_seen FROM PUBLIC;
--- A new registry follows its own latest state: it was just created.
-UPDATE pgticket.lease_registry SET started_at = pg_catalog.pg_postmaster_start_time();
+-- A new registry's identity row names no start: it holds off from its first
+-- call, since a registry of this name may have lived here before.
+
+-- 0.3.0: a registry's leases are never emptied or rewound (SPEC §13.10): a
+-- row gone or lowered would let an id be granted while its holder still
+-- stamps. A registry created, dropped and created again, or whose identity
+-- rows were removed holds off like a restored one (end_lease_hold_off()
+-- vouches for one new to its fleet), and its tokens move past the clock.
+CREATE TRIGGER forward_only BEFORE UPDATE ON pgticket.machine_id_leases
+    FOR EACH ROW WHEN (NEW.machine_id IS DISTINCT FROM OLD.machine_id OR NEW.lease < OLD.lease
+                       OR NEW.not_before_ms < OLD.not_before_ms)
+    EXECUTE FUNCTION pgticket.refuse_rewind();
+CREATE TRIGGER never_emptied BEFORE DELETE ON pgticket.machine_id_leases
+    FOR EACH ROW EXECUTE FUNCTION pgticket.refuse_rewind();
+CREATE TRIGGER never_truncated BEFORE TRUNCATE ON pgticket.machine_id_leases
+    FOR EACH STATEMENT EXECUTE FUNCTION pgticket.refuse_rewind();
+ALTER TABLE pgticket.machine_id_leases ENABLE ALWAYS TRIGGER forward_only, ENABLE ALWAYS TRIGGER never_emptied,
+    ENABLE ALWAYS TRIGGER never_truncated;

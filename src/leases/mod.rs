@@ -136,6 +136,14 @@ fn revoke_machine_lease(machine_id: Option<i32>) -> bool {
     postgres_errors_as_raised(|| registry::revoke(machine_id_arg(machine_id)).or_raise())
 }
 
+/// Admin: a registry that holds off (after a start, a restore, or its
+/// creation) grants at once — the administrator vouches that no lease of its
+/// earlier life can still be live. False if it was not holding off.
+#[pg_extern(volatile, parallel_unsafe)]
+fn end_lease_hold_off() -> bool {
+    postgres_errors_as_raised(|| registry::end_hold_off().or_raise())
+}
+
 extension_sql!(
     r#"
 CREATE VIEW pgticket.machine_leases AS
@@ -155,7 +163,8 @@ REVOKE EXECUTE ON FUNCTION lease_machine_id(text, interval) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION renew_machine_id(integer, bigint, text, interval, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION release_machine_id(integer, bigint, text, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION revoke_machine_lease(integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION end_lease_hold_off() FROM PUBLIC;
 "#,
     name = "lease_views",
-    requires = [lease_machine_id_with_secret, renew_machine_id_with_secret, release_machine_id_with_secret, revoke_machine_lease, "schema"]
+    requires = [lease_machine_id_with_secret, renew_machine_id_with_secret, release_machine_id_with_secret, revoke_machine_lease, end_lease_hold_off, "schema"]
 );

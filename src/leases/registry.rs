@@ -111,7 +111,9 @@ const SEEN: &str = "'pgticket.lease_registry_seen'::pg_catalog.regclass";
 fn serving_since_ms(client: &mut SpiClient<'_>, me: Identity, latest_row_ms: i64) -> Result<i64, SpiError> {
     let floor_ms = me.started_ms.max(timeline_start_ms(me.timeline).unwrap_or(i64::MIN)).max(latest_row_ms);
     let seen_ms: i64 = client.select("SELECT last_value FROM pgticket.lease_registry_seen", None, &[])?.first().get_one()?.unwrap_or(0);
-    if seen_ms >= floor_ms {
+    // Strictly after: the sighting a settle made of its own (same ms) is not
+    // one of a copy's.
+    if seen_ms > floor_ms {
         return Ok(seen_ms);
     }
     let now_ms = now_unix_ms();
@@ -141,8 +143,22 @@ fn serving(client: &mut SpiClient<'_>, me: Identity) -> Result<Serving, SpiError
     let max_ttl_ms = rows.iter().map(|r| r.1).fold(ttl_now, i64::max);
     let margin_ms = rows.iter().map(|r| r.2).fold(margin_now, i64::max);
     let record_settings = rows.iter().any(|r| r.1 < ttl_now || r.2 < margin_now);
+    // A token sequence behind the tokens in the table was restored (a
+    // data-only restore puts back an older sequence even when its rows
+    // clash with the ones here): this state is not one the registry can
+    // vouch for.
+    let tokens_rewound: bool = client
+        .select(
+            "SELECT t.last_value OPERATOR(pg_catalog.<) coalesce((SELECT max(lease) FROM pgticket.machine_id_leases), 0) \
+               FROM pgticket.lease_tokens t",
+            None,
+            &[],
+        )?
+        .first()
+        .get_one()?
+        .unwrap_or(false);
     if let [(id, _, _)] = rows[..] {
-        if id == me {
+        if id == me && !tokens_rewound {
             return Ok(Serving { grants_from_ms: i64::MIN, settled: true, max_ttl_ms, margin_ms, record_settings });
         }
     }
@@ -178,7 +194,7 @@ fn settle(client: &mut SpiClient<'_>, me: Identity, serving: &Serving) -> Result
     )?;
     client.update(
         "SELECT pg_catalog.setval('pgticket.lease_tokens'::pg_catalog.regclass, \
-                GREATEST(last_value, $1)) FROM pgticket.lease_tokens",
+                GREATEST(last_value, $1, (SELECT max(lease) FROM pgticket.machine_id_leases))) FROM pgticket.lease_tokens",
         None,
         &[(now_unix_ms().saturating_mul(1000)).into()],
     )?;
@@ -273,12 +289,31 @@ fn new_secret() -> u128 {
 fn with_registry<R>(f: impl FnOnce(&mut SpiClient<'_>) -> Result<Result<R, TicketError>, SpiError>) -> Result<R, TicketError> {
     xact::check_writable()?;
     let outcome = crate::state_tables::as_owner_of(crate::state_tables::machine_id_leases(), || {
-        Spi::connect_mut(|client| f(client)).unwrap_or_else(|e| pgrx::error!("pg_ticket: the lease registry: {e}"))
+        Spi::connect_mut(|client| {
+            // Every lock wait bounded (SPEC §13.11): a caller that keeps its
+            // transaction open holds what it locked (the identity table
+            // while settling, its lease's row) until it ends; the others
+            // fail after a second (55P03) and retry, rather than wait.
+            client.update("SET LOCAL lock_timeout = 1000", None, &[])?;
+            f(client)
+        }).unwrap_or_else(|e| pgrx::error!("pg_ticket: the lease registry: {e}"))
     });
     if outcome.is_ok() {
         xact::make_commit_durable();
     }
     outcome
+}
+
+/// Raise the longest ttl and margin recorded to the settings now, so that a
+/// dump carries them (a restore onto a server with smaller settings still
+/// holds off long enough for the leases they allowed).
+fn record_settings(client: &mut SpiClient<'_>) -> Result<(), SpiError> {
+    client.update(
+        "UPDATE pgticket.lease_registry SET max_ttl_ms = GREATEST(max_ttl_ms, $1), margin_ms = GREATEST(margin_ms, $2)",
+        None,
+        &[settings::lease_max_ttl_ms().into(), settings::lease_margin_ms().into()],
+    )?;
+    Ok(())
 }
 
 pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
@@ -295,12 +330,7 @@ pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
         if !serving.settled {
             settle(client, me, &serving)?;
         } else if serving.record_settings {
-            // A dump carries the longest ttl and margin this registry allowed.
-            client.update(
-                "UPDATE pgticket.lease_registry SET max_ttl_ms = GREATEST(max_ttl_ms, $1), margin_ms = GREATEST(margin_ms, $2)",
-                None,
-                &[settings::lease_max_ttl_ms().into(), margin_ms.into()],
-            )?;
+            record_settings(client)?;
         }
         let rows: HashMap<u16, LastLease> = leases_of(
             client.select(&format!("SELECT {LEASE_COLUMNS} FROM pgticket.machine_id_leases"), None, &[])?,
@@ -390,6 +420,10 @@ pub fn renew(machine_id: u16, lease: i64, secret: u128, ttl_ms: i64, last_issued
     leases::check_ttl_within(ttl_ms, settings::lease_max_ttl_ms())?;
     let margin_ms = settings::lease_margin_ms();
     with_registry(|client| {
+        // A ttl raised by reload may be used by renewals alone: recorded too.
+        if serving(client, identity())?.record_settings {
+            record_settings(client)?;
+        }
         let locked = lock_lease(client, machine_id, false, Some(secret))?;
         let now_ms = now_unix_ms();
         let (current, secret_check) = (locked.map(|(c, _, _)| c), locked.map_or(SecretCheck::Differs, |(_, _, s)| s));
@@ -436,6 +470,22 @@ pub fn release(machine_id: u16, lease: i64, secret: u128, last_issued_ms: Option
             &[i32::from(machine_id).into(), ts(ended.ended_at_ms.expect("set above")), last_issued_ms.into()],
         )?;
         Ok(Ok(()))
+    })
+}
+
+/// Grant from now on: an administrator vouches that no lease granted by an
+/// earlier life of this registry (before a restart, a restore, a DROP
+/// EXTENSION) can still be live — a registry new to its fleet. True if it
+/// was holding off.
+pub fn end_hold_off() -> Result<bool, TicketError> {
+    with_registry(|client| {
+        let me = identity();
+        let serving = serving(client, me)?;
+        if serving.settled {
+            return Ok(Ok(false));
+        }
+        settle(client, me, &Serving { grants_from_ms: now_unix_ms(), ..serving })?;
+        Ok(Ok(true))
     })
 }
 

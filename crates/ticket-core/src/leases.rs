@@ -208,7 +208,7 @@ pub fn check_ttl_within(ttl_ms: i64, max_ttl_ms: i64) -> Result<i64, LeaseError>
 /// started serving, for at most the longest ttl it allows, and its holder
 /// may have stamped until its end plus the margin (SPEC §8 rule 7).
 pub fn grants_resume_at(serving_since_ms: i64, max_ttl_ms: i64, margin_ms: i64) -> i64 {
-    serving_since_ms + max_ttl_ms + margin_ms
+    serving_since_ms.saturating_add(max_ttl_ms).saturating_add(margin_ms)
 }
 
 /// An id's current lease as the registry has it, for renewals and releases.

@@ -15,6 +15,11 @@ pub fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
 }
 
+/// A test's registry is new to its fleet: it grants at once instead of
+/// holding off as a created registry does (tests of that hold-off create
+/// the extension themselves).
+pub const CREATE_EXTENSION: &str = "CREATE EXTENSION pg_ticket; SELECT end_lease_hold_off()";
+
 pub struct Cluster {
     pub dir: PathBuf,
     pub port: u16,
@@ -33,7 +38,7 @@ impl Cluster {
             .expect("run scripts/cluster.sh");
         assert!(status.success(), "cluster {name} did not start; see {}/server.log", dir.display());
         let cluster = Cluster { dir, port };
-        cluster.connect().batch_execute("CREATE EXTENSION pg_ticket").expect("create extension");
+        cluster.connect().batch_execute(CREATE_EXTENSION).expect("create extension");
         cluster
     }
 
@@ -132,7 +137,7 @@ impl Cluster {
         admin.batch_execute(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).unwrap();
         admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
         let mut db = self.connect_as("postgres", name);
-        db.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
+        db.batch_execute(CREATE_EXTENSION).unwrap();
         db
     }
 

@@ -583,3 +583,103 @@ fn a_self_registry_server_finishes_a_smart_shutdown() {
     pg_tool("pg_ctl", &["stop", "-m", "smart", "-t", "30", "-w", "-D", data.to_str().unwrap()]);
     assert!(!data.join("postmaster.pid").exists(), "the server stopped");
 }
+
+/// Issue #23 item 1: DROP and CREATE EXTENSION in a registry database
+/// re-granted a live id with the same token (0.2.0: (0, 1) twice, and the
+/// first holder's renewal succeeded), as did emptying the leases table. A
+/// created registry holds off like a restarted one, its tokens move past
+/// every earlier one, and the leases table refuses to be emptied.
+#[test]
+fn a_registry_created_again_holds_off_and_never_reissues_a_token() {
+    let c = Cluster::start("lh-recreate", 55517, &["pg_ticket.lease_margin = '1s'", "pg_ticket.lease_max_ttl = '3s'"]);
+    let mut db = c.connect();
+    let a = lease(&mut db, "holder-a", "3 s").unwrap();
+    for refused in ["TRUNCATE pgticket.machine_id_leases", "DELETE FROM pgticket.machine_id_leases"] {
+        let e = db.batch_execute(refused).unwrap_err();
+        assert_eq!(sqlstate(&e), "55000", "{refused}: {e}");
+    }
+    db.batch_execute("DROP EXTENSION pg_ticket").unwrap();
+    db.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
+    let first_call = Instant::now();
+    let e = lease(&mut db, "holder-b", "3 s").unwrap_err();
+    assert_eq!(sqlstate(&e), "55000", "a created registry holds off: {e:?}");
+    let e = renew(&mut db, &a, "3 s").unwrap_err();
+    assert_eq!(sqlstate(&e), "55000", "a lease it never granted is not renewed: {e:?}");
+    let b = loop {
+        match lease(&mut db, "holder-b", "3 s") {
+            Ok(b) => break b,
+            Err(e) => assert_eq!(sqlstate(&e), "55000", "{e:?}"),
+        }
+        assert!(first_call.elapsed() < Duration::from_secs(20), "the hold-off did not end");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(first_call.elapsed() >= Duration::from_millis(4_000), "held off the longest ttl plus the margin: {:?}", first_call.elapsed());
+    assert!(now_ms() > a.expires_ms + 1_000, "every lease of the earlier life has ended plus the margin");
+    assert!(b.lease > a.lease, "tokens never restart low: {} after {}", b.lease, a.lease);
+    c.stop();
+}
+
+/// Review of #17: a data-only restore into the registry's own database put
+/// back an older token sequence (its rows clashed with the live ones and
+/// were refused), and the next grant reused a token already held; a ttl
+/// raised by reload and used by renewals alone was not recorded, so a
+/// restore onto a server with the old value held off too briefly; a grant
+/// settling in a transaction left open stalled every other grant.
+#[test]
+fn a_rewound_token_sequence_holds_off_renewals_record_a_raised_ttl_and_no_grant_waits_unbounded() {
+    let c = Cluster::start("lh-rewind", 55518, &["pg_ticket.lease_margin = '1s'", "pg_ticket.lease_max_ttl = '2s'"]);
+    let mut db = c.connect();
+    let first = lease(&mut db, "a", "2 seconds").unwrap();
+    let dump = c.dir.join("registry-data.dump");
+    let (host, port) = (c.dir.to_str().unwrap().to_string(), c.port.to_string());
+    let conn = ["-h", host.as_str(), "-p", port.as_str(), "-U", "postgres"];
+    pg_tool("pg_dump", &[&conn[..], &["-Fc", "--data-only", "-f", dump.to_str().unwrap(), "postgres"]].concat());
+    let later = lease(&mut db, "b", "2 seconds").unwrap();
+    // The rows clash (and are refused); the sequence goes back.
+    let _ = std::process::Command::new(pg_ticket_integration::pg_bindir().join("pg_restore"))
+        .args([&conn[..], &["-d", "postgres", dump.to_str().unwrap()]].concat())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    let rewound: i64 = db.query_one("SELECT last_value FROM pgticket.lease_tokens", &[]).unwrap().get(0);
+    assert!(rewound < later.lease, "the restore set the sequence back ({rewound} < {})", later.lease);
+    let e = lease(&mut db, "c", "2 seconds").unwrap_err();
+    assert_eq!(sqlstate(&e), "55000", "a rewound registry holds off: {e:?}");
+    renew(&mut db, &later, "2 seconds").expect("and renews what it knows");
+    wait_until("the hold-off ends", Duration::from_secs(10), || {
+        std::thread::sleep(Duration::from_millis(200));
+        lease(&mut db, "c", "2 seconds").is_ok_and(|g| {
+            assert!(g.lease > later.lease && g.lease > first.lease, "token {} reissued (held: {})", g.lease, later.lease);
+            true
+        })
+    });
+
+    // A raised ttl, used by a renewal only, is recorded for a dump to carry.
+    db.batch_execute("ALTER SYSTEM SET pg_ticket.lease_max_ttl = '1h'").unwrap();
+    db.batch_execute("SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let long = lease(&mut db, "d", "2 seconds").unwrap();
+    db.batch_execute("UPDATE pgticket.lease_registry SET max_ttl_ms = 2000").unwrap(); // as before the grant recorded it
+    renew(&mut db, &long, "1 hour").unwrap();
+    let recorded: i64 = db.query_one("SELECT max(max_ttl_ms) FROM pgticket.lease_registry", &[]).unwrap().get(0);
+    assert_eq!(recorded, 3_600_000, "the renewal recorded the longest ttl allowed");
+
+    // A settle in a transaction left open does not stall the others for ever.
+    db.batch_execute("ALTER SYSTEM SET pg_ticket.lease_max_ttl = '1s'").unwrap();
+    db.batch_execute("SELECT pg_reload_conf()").unwrap();
+    db.batch_execute("DROP EXTENSION pg_ticket").unwrap();
+    db.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
+    let _ = lease(&mut db, "sighting", "1 second");
+    std::thread::sleep(Duration::from_millis(2_300));
+    let mut open = c.connect();
+    open.batch_execute("BEGIN").unwrap();
+    lease(&mut open, "settles-and-waits", "1 second").unwrap();
+    db.batch_execute("SET statement_timeout = '10s'").unwrap(); // 0.2.0 waited for ever (57014 here)
+    let started = Instant::now();
+    let e = lease(&mut db, "blocked", "1 second").unwrap_err();
+    assert_eq!(sqlstate(&e), "55P03", "a bounded wait for the settling transaction: {e:?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "waited {:?}", started.elapsed());
+    open.batch_execute("COMMIT").unwrap();
+    lease(&mut db, "after", "1 second").expect("grants once the settle committed");
+    c.stop();
+}

@@ -1,12 +1,29 @@
 -- Machine-id leases (SPEC §8): the registry's calls, their refusals and
 -- privileges. Timing (expiry, the margin, restore hold-off, concurrency)
--- is tested in tests/integration/tests/leases.rs. A registry of its own: one
--- created here follows its own state (no hold-off), which an updated one
--- cannot claim (upgrade_from_* shows its hold-off).
+-- is tested in tests/integration/tests/leases.rs. A registry of its own.
 CREATE DATABASE regress_leases;
 \c regress_leases
 CREATE EXTENSION pg_ticket;
 \set VERBOSITY default
+
+-- A registry created holds off like a restarted one (one may have lived in
+-- this database before it: DROP EXTENSION forgets its leases); an
+-- administrator vouches for a registry new to its fleet.
+\set VERBOSITY sqlstate
+SELECT * FROM lease_machine_id('too-early');
+\set VERBOSITY default
+SELECT end_lease_hold_off() AS ended;
+SELECT end_lease_hold_off() AS ended_again;
+
+-- Errors as a caller sees them, with the caller's own token (Unix
+-- microseconds since the registry settled) written T.
+CREATE FUNCTION pg_temp.attempt(statement text) RETURNS text LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE statement;
+    RETURN 'ok';
+EXCEPTION WHEN OTHERS THEN
+    RETURN SQLSTATE || ': ' || regexp_replace(SQLERRM, '[0-9]{7,}', 'T', 'g');
+END $$;
 
 -- A small pool: ids 0-3, of which 0 is this server's own snowflake id.
 ALTER SYSTEM SET pg_ticket.lease_ids = '0-3';
@@ -36,6 +53,13 @@ SELECT machine_id, lease > lag(lease) OVER (ORDER BY lease) AS token_increases, 
 SELECT * FROM lease_machine_id('worker-d');
 \set VERBOSITY default
 SELECT machine_id, holder, state FROM pgticket.machine_leases ORDER BY machine_id;
+-- Leases are never emptied or rewound (55000): a row gone would let its id
+-- be granted while its holder stamps.
+\set VERBOSITY sqlstate
+TRUNCATE pgticket.machine_id_leases;
+DELETE FROM pgticket.machine_id_leases WHERE machine_id = 1;
+UPDATE pgticket.machine_id_leases SET lease = 0 WHERE machine_id = 1;
+\set VERBOSITY default
 
 -- Each lease has its own secret: 32 hexadecimal digits, kept only hashed.
 SELECT count(DISTINCT secret) AS secrets, bool_and(secret ~ '^[0-9a-f]{32}$') AS hex FROM granted;
@@ -45,12 +69,9 @@ SELECT count(*) AS stored_anywhere FROM pgticket.machine_id_leases l, granted g
 SELECT renew_machine_id(g.machine_id, g.lease, g.secret, '2 minutes', 1234) > now() + interval '1 minute' AS renewed
   FROM granted g WHERE machine_id = 1;
 -- A wrong token and a wrong secret get the same answer, naming no token.
-SELECT renew_machine_id(g.machine_id, g.lease + 100, g.secret) FROM granted g WHERE machine_id = 1;
-\echo :LAST_ERROR_SQLSTATE
-SELECT renew_machine_id(g.machine_id, g.lease, o.secret) FROM granted g, granted o WHERE g.machine_id = 1 AND o.machine_id = 2;
-\echo :LAST_ERROR_SQLSTATE
-SELECT release_machine_id(g.machine_id, g.lease, o.secret) FROM granted g, granted o WHERE g.machine_id = 1 AND o.machine_id = 2;
-\echo :LAST_ERROR_SQLSTATE
+SELECT pg_temp.attempt('SELECT renew_machine_id(g.machine_id, g.lease + 100, g.secret) FROM granted g WHERE machine_id = 1');
+SELECT pg_temp.attempt('SELECT renew_machine_id(g.machine_id, g.lease, o.secret) FROM granted g, granted o WHERE g.machine_id = 1 AND o.machine_id = 2');
+SELECT pg_temp.attempt('SELECT release_machine_id(g.machine_id, g.lease, o.secret) FROM granted g, granted o WHERE g.machine_id = 1 AND o.machine_id = 2');
 SELECT renew_machine_id(g.machine_id, g.lease, 'not hex') FROM granted g WHERE machine_id = 1;
 \echo :LAST_ERROR_SQLSTATE
 -- A shorter ttl never moves the expiry earlier.
@@ -67,16 +88,14 @@ SELECT release_machine_id(g.machine_id, g.lease, g.secret, 9223372036854775807) 
 SELECT release_machine_id(g.machine_id, g.lease, g.secret, 1500) FROM granted g WHERE machine_id = 1;
 SELECT release_machine_id(g.machine_id, g.lease, g.secret) FROM granted g WHERE machine_id = 1;
 SELECT machine_id, last_issued_ms, state FROM pgticket.machine_leases WHERE machine_id = 1;
-SELECT renew_machine_id(g.machine_id, g.lease, g.secret) FROM granted g WHERE machine_id = 1;
-\echo :LAST_ERROR_SQLSTATE
+SELECT pg_temp.attempt('SELECT renew_machine_id(g.machine_id, g.lease, g.secret) FROM granted g WHERE machine_id = 1');
 -- Within the margin (10 s by default) the released id is not leased again.
 \set VERBOSITY sqlstate
 SELECT * FROM lease_machine_id('worker-d');
 \set VERBOSITY default
 -- Revoke (admin) ends a live lease; its holder learns at its next renewal.
 SELECT revoke_machine_lease(2) AS revoked, revoke_machine_lease(2) AS again, revoke_machine_lease(0) AS never_leased;
-SELECT renew_machine_id(g.machine_id, g.lease, g.secret) FROM granted g WHERE machine_id = 2;
-\echo :LAST_ERROR_SQLSTATE
+SELECT pg_temp.attempt('SELECT renew_machine_id(g.machine_id, g.lease, g.secret) FROM granted g WHERE machine_id = 2');
 SELECT renew_machine_id(0, 1, '00000000000000000000000000000000');
 \echo :LAST_ERROR_SQLSTATE
 
@@ -131,6 +150,8 @@ SELECT renew_machine_id(3, 1, '00000000000000000000000000000000');
 -- The view names holders and states, but tokens only to the registry's owner.
 SELECT machine_id, lease, state FROM pgticket.machine_leases ORDER BY machine_id;
 SELECT revoke_machine_lease(1);
+\echo :LAST_ERROR_SQLSTATE
+SELECT end_lease_hold_off();
 \echo :LAST_ERROR_SQLSTATE
 RESET ROLE;
 REVOKE ALL ON FUNCTION lease_machine_id(text, interval), renew_machine_id(integer, bigint, text, interval, bigint),
