@@ -73,6 +73,8 @@ in_backend uuid "$(calls 'gen_random_uuid()' 2000000)"
 restart() { "$root/scripts/cluster.sh" stop "$dir"; "$root/scripts/cluster.sh" up "$dir"; }
 psql -c "ALTER SYSTEM SET pg_ticket.machine_id = -1" -c "ALTER SYSTEM SET pg_ticket.registry = 'host=$dir port=$port user=postgres dbname=postgres'"
 restart
+# A registry holds off after every start; this one is new to its fleet.
+psql -c "SELECT end_lease_hold_off()" >/dev/null
 for _ in $(seq 1 150); do
     [ "$(psql -At -c 'SELECT machine_id IS NOT NULL FROM pgticket.status')" = t ] && break
     sleep 0.2
