@@ -161,3 +161,26 @@ CREATE OR REPLACE VIEW pgticket.machine_leases AS
      WHERE c.oid OPERATOR(pg_catalog.=) 'pgticket.machine_id_leases'::pg_catalog.regclass;
 COMMENT ON VIEW pgticket.machine_leases IS
     'Each machine id''s latest lease: holder, fencing token (shown to the registry''s owner only), times, last reported stamp, state';
+
+-- 0.3.0: the snowflake ID space (epoch, machine bits) is recorded with the
+-- database's state, so a dump restored onto a server set for another space
+-- refuses snowflake_id() there (SPEC §13.10). An updated database records
+-- the space of the server it is updated on.
+CREATE FUNCTION "snowflake_id_space"() RETURNS TABLE (
+	"epoch_ms" bigint,
+	"machine_bits" INT
+)
+STRICT STABLE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'snowflake_id_space_wrapper';
+CREATE TABLE pgticket.id_space (
+    epoch_ms bigint NOT NULL,
+    machine_bits integer NOT NULL,
+    recorded_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    PRIMARY KEY (epoch_ms, machine_bits, recorded_at)
+);
+COMMENT ON TABLE pgticket.id_space IS
+    'The snowflake ID space (epoch, machine bits) of the IDs made for this database; a server set for another refuses snowflake_id() here';
+INSERT INTO pgticket.id_space (epoch_ms, machine_bits) SELECT epoch_ms, machine_bits FROM snowflake_id_space();
+SELECT pg_catalog.pg_extension_config_dump('pgticket.id_space', '');
+REVOKE ALL ON pgticket.id_space FROM PUBLIC;

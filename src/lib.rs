@@ -15,7 +15,7 @@
 //! - `triggers`: `assign_scoped_id()` / `assign_ticket()`, per-row scopes.
 //! - `names`: `text` arguments as the database's bytes (any encoding).
 //! - `xact`: what an allocation asks of the transaction (writable, durable).
-//! - `settings`: every `pg_ticket.*` setting, and `_PG_init` ordering.
+//! - `settings`: every `pg_ticket.*` setting, defined and checked once.
 //! - `errors`: every error pg_ticket raises, with its SQLSTATE.
 
 use pgrx::prelude::*;
@@ -37,9 +37,24 @@ mod xact;
 
 extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 
+/// Start-up, as pg_cron orders it: nothing during pg_upgrade; settings;
+/// then, only while preloading, shared memory, hooks, the WAL resource
+/// manager and the workers.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
-    settings::init();
+    if unsafe { pgrx::pg_sys::IsBinaryUpgrade } {
+        return;
+    }
+    let Some(preloaded) = settings::init() else { return };
+    tickets::init_shared_memory(preloaded.ticket_cache_scopes);
+    tickets::install_hooks();
+    snowflake::init_shared_memory();
+    snowflake::register_wal();
+    snowflake::refuse_another_id_space();
+    if preloaded.self_leasing {
+        snowflake::register_lease_worker();
+    }
+    status::init_shared_memory();
 }
 
 #[cfg(any(test, feature = "pg_test"))]

@@ -54,12 +54,16 @@ static TICKET_SERIES: AtomicI64 = AtomicI64::new(1 << 32 | 1);
 /// Largest ticket increment (and offset).
 const TICKET_SERIES_MAX: i64 = 1_000_000;
 
-pub fn init() {
-    unsafe {
-        if pg_sys::IsBinaryUpgrade {
-            return;
-        }
-    }
+/// What start-up (`_PG_init`) needs of the settings when preloading.
+pub struct Preloaded {
+    pub ticket_cache_scopes: usize,
+    pub self_leasing: bool,
+}
+
+/// Defines every setting (those of the server's start only while
+/// preloading), checked as PostgreSQL will parse them; None when not
+/// preloading.
+pub fn init() -> Option<Preloaded> {
     GucRegistry::define_bool_guc(
         c"pg_ticket.durable_commit",
         c"Commit transactions that took scoped IDs or blocks as synchronous_commit = on would.",
@@ -143,7 +147,7 @@ pub fn init() {
         LEASE_IDS_REFUSED.store(true, Ordering::Relaxed);
     }
     if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
-        return;
+        return None;
     }
 
     let machine_id = match raw_setting(c"pg_ticket.machine_id") {
@@ -240,14 +244,19 @@ pub fn init() {
         GucContext::Sighup,
         GucFlags::default(),
     );
-    GucRegistry::define_string_guc(
-        c"pg_ticket.registry",
-        c"Connection string of the registry this server leases its machine id from (with pg_ticket.machine_id = -1).",
-        c"Superusers only: it may hold credentials; prefer passfile=... to a password.",
-        &REGISTRY,
-        GucContext::Sighup,
-        GucFlags::SUPERUSER_ONLY,
-    );
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"pg_ticket.registry",
+            c"Connection string of the registry this server leases its machine id from (with pg_ticket.machine_id = -1).",
+            c"Superusers only: it may hold credentials; prefer passfile=... to a password.",
+            &REGISTRY,
+            GucContext::Sighup,
+            GucFlags::SUPERUSER_ONLY,
+            Some(check_registry),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_int_guc(
         c"pg_ticket.machine_lease_ttl",
         c"How long this server's own machine-id lease lasts; it is renewed every third of it.",
@@ -278,7 +287,6 @@ pub fn init() {
     let series = Series::new(i64::from(TICKET_OFFSET.get()), i64::from(TICKET_INCREMENT.get()))
         .unwrap_or_else(|e| pgrx::error!("pg_ticket.ticket_offset / pg_ticket.ticket_increment: {e}"));
     TICKET_SERIES.store(series.increment << 32 | series.offset, Ordering::Relaxed);
-    crate::tickets::init_shared_memory(ticket_cache_scopes as usize);
     MACHINE.store(
         match machine_id {
             MachineId::Fixed(id) => i64::from(id),
@@ -287,12 +295,7 @@ pub fn init() {
         Ordering::Relaxed,
     );
     PRELOADED.store(true, Ordering::Relaxed);
-    crate::snowflake::init_shared_memory();
-    crate::snowflake::register_wal();
-    if machine_id == MachineId::Leased {
-        crate::snowflake::register_lease_worker();
-    }
-    crate::status::init_shared_memory();
+    Some(Preloaded { ticket_cache_scopes: ticket_cache_scopes as usize, self_leasing: machine_id == MachineId::Leased })
 }
 
 /// The value postgresql.conf (or ALTER SYSTEM, or the command line) gave a
@@ -363,6 +366,22 @@ unsafe fn check_string(newval: *mut *mut c_char, null_ok: bool, parse: impl Fn(&
 #[pg_guard]
 unsafe extern "C-unwind" fn check_epoch(newval: *mut *mut c_char, _extra: *mut *mut c_void, _source: pg_sys::GucSource::Type) -> bool {
     unsafe { check_string(newval, true, |text| parse_epoch_ms(text).map(|_| ()).map_err(|e| e.to_string())) }
+}
+
+/// A self-leasing server's registry may not be emptied by a reload: libpq
+/// would connect to its defaults (perhaps this very server) instead.
+#[pg_guard]
+unsafe extern "C-unwind" fn check_registry(newval: *mut *mut c_char, _extra: *mut *mut c_void, _source: pg_sys::GucSource::Type) -> bool {
+    unsafe {
+        // NULL (the line removed, RESET) is empty too.
+        check_string(newval, false, |text| {
+            if MACHINE.load(Ordering::Relaxed) == -1 && text.trim().is_empty() {
+                Err("pg_ticket.machine_id = -1 leases its machine id from this registry; it cannot be empty".into())
+            } else {
+                Ok(())
+            }
+        })
+    }
 }
 
 /// A value accepted (at a reload) replaces one refused at load.

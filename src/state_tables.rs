@@ -34,6 +34,8 @@ pub struct Tables {
     /// None on 0.1.0's objects (before `ALTER EXTENSION pg_ticket UPDATE`).
     pub tickets: Option<Table>,
     pub machine_id_leases: Option<Table>,
+    /// The snowflake ID space recorded with this database (0.3.0).
+    pub id_space: Option<Table>,
     /// The tables have the `max_mark` column of 0.2.0. Without it they are
     /// 0.1.0's, not yet updated, and every limit is 2^63-1: the library
     /// serves both.
@@ -94,7 +96,8 @@ pub fn lookup() -> Option<Tables> {
             None,
             &[],
         )?;
-        let (mut scoped_counters, mut blocks, mut tickets, mut machine_id_leases, mut has_limits) = (None, None, None, None, false);
+        let (mut scoped_counters, mut blocks, mut tickets, mut machine_id_leases, mut id_space, mut has_limits) =
+            (None, None, None, None, None, false);
         for row in rows {
             let name: String = row.get(1)?.unwrap_or_default();
             let table = Table { oid: row.get(2)?.expect("oid"), owner: row.get(3)?.expect("relowner") };
@@ -109,11 +112,12 @@ pub fn lookup() -> Option<Tables> {
                 "blocks" => blocks = Some(table),
                 "tickets" => tickets = Some(table),
                 "machine_id_leases" => machine_id_leases = Some(table),
+                "id_space" => id_space = Some(table),
                 _ => {}
             }
         }
         Ok::<_, pgrx::spi::Error>(match (scoped_counters, blocks) {
-            (Some(scoped_counters), Some(blocks)) => Some(Tables { scoped_counters, blocks, tickets, machine_id_leases, has_limits }),
+            (Some(scoped_counters), Some(blocks)) => Some(Tables { scoped_counters, blocks, tickets, machine_id_leases, id_space, has_limits }),
             _ => None,
         })
     })
@@ -145,7 +149,7 @@ fn refuse_unfit(table: &str, persistence: &str, schema: &str) {
 unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     // InvalidOid: every relation (a cache reset).
     if let Some(t) = CACHE.get() {
-        let ours = [Some(t.scoped_counters), Some(t.blocks), t.tickets, t.machine_id_leases];
+        let ours = [Some(t.scoped_counters), Some(t.blocks), t.tickets, t.machine_id_leases, t.id_space];
         if relid == pg_sys::InvalidOid || ours.iter().flatten().any(|table| table.oid == relid) {
             CACHE.set(None);
         }

@@ -149,12 +149,14 @@ impl Snapshot {
     }
 }
 
-/// Stamp with the leased id: `issue(machine_id)` runs between two checks of
-/// the lease, and its ID is discarded if the lease changed or ran out.
-pub fn next_id(issue: impl FnOnce(u16) -> i64) -> Result<i64, TicketError> {
+/// Stamp with the leased id: `issue(machine_id, stamp cap)` runs between two
+/// checks of the lease, and its ID is discarded if the lease changed or ran
+/// out meanwhile. The generator itself refuses a timestamp past the cap, so
+/// a clock stepped far ahead never enters its state or mark.
+pub fn next_id(issue: impl FnOnce(u16, i64) -> i64) -> Result<i64, TicketError> {
     let before = snapshot();
     let id = before.usable()?;
-    let issued = issue(id);
+    let issued = issue(id, before.reckoning.stamp_cap_ms);
     let after = snapshot();
     if after.token != before.token || after.machine_id != before.machine_id {
         return Err(TicketError::NoMachineLease("the machine-id lease changed while stamping; call again".into()));

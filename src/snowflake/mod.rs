@@ -7,6 +7,7 @@
 //!   into their own mark file (failover).
 //! - `lease`: the machine id leased by this server's own worker
 //!   (`pg_ticket.machine_id = -1`).
+//! - `space`: the ID space (epoch, layout) recorded with a database.
 //!
 //! Shared memory: one `SharedState` of atomics, no LWLock. Every wait (a
 //! full millisecond, a clock step back of up to 10 ms, another backend's
@@ -22,6 +23,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use ticket_core::snowflake::{self as layout, Clock, SharedState};
 
 mod lease;
+mod space;
 mod wal;
 pub use lease::{register_worker as register_lease_worker, snapshot as lease_snapshot};
 pub use wal::register as register_wal;
@@ -43,6 +45,20 @@ static GENERATOR: PgAtomic<Shared> = unsafe { PgAtomic::new(c"pg_ticket_snowflak
 pub fn init_shared_memory() {
     pg_shmem_init!(GENERATOR);
     lease::init_shared_memory();
+}
+
+/// The ID space this server stamps into.
+pub fn id_space() -> layout::IdSpace {
+    layout::IdSpace::with_epoch(settings::epoch_unix_ms())
+}
+
+/// At start (preloading): a mark file written for another ID space stops
+/// the server — a changed epoch would reissue the IDs of an earlier time
+/// (SPEC §13.10). Any other trouble with the file is the first call's.
+pub fn refuse_another_id_space() {
+    if let Err(e @ layout::SnowflakeError::OtherIdSpace { .. }) = ticket_core::snowflake::MarkStore::load(&wal::file()) {
+        pgrx::error!("pg_ticket.epoch: {e}");
+    }
 }
 
 /// Issue nothing at or before this Unix ms (a new lease's `not_before_ms`).
@@ -157,11 +173,13 @@ pub fn next_id() -> i64 {
         TicketError::NotPreloaded("snowflake_id").raise();
     }
     crate::xact::check_writable().or_raise();
-    let issue = |machine_id| {
-        layout::next_id(&GENERATOR.get().0, &SystemClock, &wal::WalMarkStore, settings::epoch_unix_ms(), machine_id).or_raise()
+    space::check_database().or_raise();
+    let issue = |machine_id, stamp_cap_unix_ms| {
+        layout::next_id(&GENERATOR.get().0, &SystemClock, &wal::WalMarkStore, settings::epoch_unix_ms(), machine_id, stamp_cap_unix_ms)
+            .or_raise()
     };
     match settings::machine_id() {
-        MachineId::Fixed(id) => issue(id),
+        MachineId::Fixed(id) => issue(id, i64::MAX),
         MachineId::Leased => lease::next_id(issue).or_raise(),
     }
 }

@@ -29,15 +29,18 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::ffi::CStr;
 use std::path::Path;
-use ticket_core::snowflake::{FileMarkStore, MarkStore, SnowflakeError};
+use ticket_core::snowflake::{FileMarkStore, IdSpace, MarkStore, SnowflakeError};
 
 use super::MARK_FILE;
 
 /// pg_ticket's resource manager id, in PostgreSQL's custom range (128-255).
 pub const RMGR_ID: u8 = 157;
 const RMGR_NAME: &CStr = c"pg_ticket_snowflake";
-/// The only record kind: "the mark is now at least this" (Unix ms, i64 LE).
+/// The only record kind: "the mark is now at least this" (Unix ms, i64 LE),
+/// then (0.3.0) the ID space it is for: epoch (Unix ms, i64 LE) and machine
+/// bits (u32 LE). A record of 0.2.0 holds the mark alone.
 const XLOG_MARK: u8 = 0x00;
+const RECORD_LEN: usize = 20;
 
 static mut RMGR: pg_sys::RmgrData = pg_sys::RmgrData {
     rm_name: RMGR_NAME.as_ptr(),
@@ -75,7 +78,11 @@ impl MarkStore for WalMarkStore {
         let lsn = {
             let _no_checkpoint = DelayCheckpointStart::new();
             let lsn = unsafe {
-                let bytes = reserved_until_unix_ms.to_le_bytes();
+                let space = super::id_space();
+                let mut bytes = [0u8; RECORD_LEN];
+                bytes[..8].copy_from_slice(&reserved_until_unix_ms.to_le_bytes());
+                bytes[8..16].copy_from_slice(&space.epoch_unix_ms.to_le_bytes());
+                bytes[16..].copy_from_slice(&space.machine_bits.to_le_bytes());
                 pg_sys::XLogBeginInsert();
                 pg_sys::XLogRegisterData(bytes.as_ptr() as _, bytes.len() as _);
                 let lsn = pg_sys::XLogInsert(RMGR_ID, XLOG_MARK);
@@ -121,18 +128,31 @@ impl Drop for DelayCheckpointStart {
     }
 }
 
-fn file() -> FileMarkStore<'static> {
-    FileMarkStore { path: Path::new(MARK_FILE) }
+/// The mark file, for this server's ID space.
+pub fn file() -> FileMarkStore<'static> {
+    FileMarkStore { path: Path::new(MARK_FILE), space: super::id_space() }
 }
 
-fn record_mark(record: *mut pg_sys::XLogReaderState) -> Option<i64> {
+/// A record's mark and the ID space it is for (this server's for a record
+/// of 0.2.0).
+fn record_mark(record: *mut pg_sys::XLogReaderState) -> Option<(i64, IdSpace)> {
     unsafe {
         let decoded = (*record).record;
-        if decoded.is_null() || (*decoded).main_data_len as usize != 8 {
+        let len = if decoded.is_null() { 0 } else { (*decoded).main_data_len as usize };
+        if len != 8 && len != RECORD_LEN {
             return None;
         }
-        let data = std::slice::from_raw_parts((*decoded).main_data as *const u8, 8);
-        Some(i64::from_le_bytes(data.try_into().ok()?))
+        let data = std::slice::from_raw_parts((*decoded).main_data as *const u8, len);
+        let mark = i64::from_le_bytes(data[..8].try_into().ok()?);
+        let space = if len == RECORD_LEN {
+            IdSpace {
+                epoch_unix_ms: i64::from_le_bytes(data[8..16].try_into().ok()?),
+                machine_bits: u32::from_le_bytes(data[16..].try_into().ok()?),
+            }
+        } else {
+            super::id_space()
+        };
+        Some((mark, space))
     }
 }
 
@@ -141,10 +161,12 @@ fn record_mark(record: *mut pg_sys::XLogReaderState) -> Option<i64> {
 /// A damaged file is replaced: the record is the primary's word.
 #[pg_guard]
 unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
-    let Some(mark) = record_mark(record) else {
+    let Some((mark, space)) = record_mark(record) else {
         pgrx::error!("pg_ticket: a snowflake mark WAL record of the wrong size");
     };
-    let store = file();
+    // In the primary's space: a standby set for another one refuses to
+    // issue from it once promoted, rather than stamp into the wrong space.
+    let store = FileMarkStore { path: Path::new(MARK_FILE), space };
     if matches!(store.load(), Ok(Some(current)) if current >= mark) {
         return;
     }
@@ -157,7 +179,7 @@ unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
 #[pg_guard]
 unsafe extern "C-unwind" fn desc(buf: pg_sys::StringInfo, record: *mut pg_sys::XLogReaderState) {
     let text = match record_mark(record) {
-        Some(mark) => format!("snowflake mark {mark} ms"),
+        Some((mark, space)) => format!("snowflake mark {mark} ms, {space}"),
         None => "snowflake mark (malformed)".to_string(),
     };
     let text = std::ffi::CString::new(text).unwrap_or_default();

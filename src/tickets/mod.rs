@@ -37,6 +37,10 @@ use ticket_core::tickets::Take;
 
 pub fn init_shared_memory(nslots: usize) {
     shmem::init(nslots);
+}
+
+/// The hook that empties a dropped database's cached scopes.
+pub fn install_hooks() {
     unsafe {
         PREV_OBJECT_ACCESS = pg_sys::object_access_hook;
         pg_sys::object_access_hook = Some(on_object_access);

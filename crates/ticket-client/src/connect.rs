@@ -289,7 +289,22 @@ impl Conn {
         if unsafe { (pq().PQsetnonblocking)(conn.raw, 1) } != 0 {
             return Err(CallError::Connection(error_message(conn.raw)));
         }
-        conn.query_one("SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false)", &[], stop)?;
+        // The server bounds the session too: a statement the client gave up
+        // on (no answer within `bound`) is not left to commit later — a lock
+        // wait ends at the bound, anything else at twice it, and a session
+        // whose client is gone ends within a second. Twice: a reply the
+        // server sends after cancelling a synchronous-standby wait (a
+        // WARNING, the commit local only) arrives after the client stopped
+        // listening, never as a success it believes.
+        let bound_ms = bound.as_millis().to_string();
+        let twice_ms = (bound.as_millis() * 2).to_string();
+        conn.query_one(
+            "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false), \
+                    pg_catalog.set_config('lock_timeout', $1, false), pg_catalog.set_config('statement_timeout', $2, false), \
+                    pg_catalog.set_config('client_connection_check_interval', '1000', false)",
+            &[(&bound_ms).into(), (&twice_ms).into()],
+            stop,
+        )?;
         Ok(conn)
     }
 
@@ -348,9 +363,13 @@ impl Conn {
             return Err(CallError::Connection("the connection is closed".into()));
         }
         let outcome = self.run(sql, params, stop);
-        if outcome.as_ref().is_err_and(|e| e.code().is_none()) {
+        match &outcome {
             // No answer, or a broken connection: this one is done.
-            self.close();
+            Err(e) if e.code().is_none() => self.close(),
+            // The extension may have moved (dropped, created in another
+            // schema): look it up again.
+            Err(_) => self.schema = None,
+            Ok(_) => {}
         }
         outcome?.ok_or_else(|| CallError::Unexpected(format!("no row from {sql:?}")))
     }

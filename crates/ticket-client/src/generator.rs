@@ -109,7 +109,7 @@ impl LeasedGenerator {
         let renewer = std::thread::Builder::new()
             .name("ticket-lease".into())
             .spawn(move || {
-                let retry_ms = thread_shared.config.retry_interval.as_millis() as i64;
+                let retry_ms = i64::try_from(thread_shared.config.retry_interval.as_millis()).unwrap_or(i64::MAX).max(1);
                 LeaseKeeper::new(thread_shared.config.holder.clone(), ttl_ms, retry_ms).run(&*thread_shared)
             })
             .expect("spawn the lease thread");
@@ -118,7 +118,7 @@ impl LeasedGenerator {
 
     /// Block until a lease is held, at most `timeout`.
     pub fn wait_for_lease(&self, timeout: Duration) -> Result<Grant, ClientError> {
-        let deadline = boot_ms() + timeout.as_millis() as i64;
+        let deadline = boot_ms().saturating_add(i64::try_from(timeout.as_millis()).unwrap_or(i64::MAX));
         let mut st = self.shared.lock();
         loop {
             if let Some(held) = &st.lease {
@@ -152,7 +152,10 @@ impl LeasedGenerator {
             StampRefusal::ClockStepped { drift_ms } => ClientError::ClockStepped { drift_ms, allowed_ms: reckoning.drift_allowed_ms },
         };
         reckoning.check(boot_ms(), wall_ms()).map_err(refused)?;
-        let id = snowflake::next_id(&held.ids, &WallClock, &NoMark, grant.epoch_ms, machine_id)?;
+        let id = match snowflake::next_id(&held.ids, &WallClock, &NoMark, grant.epoch_ms, machine_id, reckoning.stamp_cap_ms) {
+            Err(SnowflakeError::PastLease { .. }) => return Err(ClientError::LeaseMayHaveEnded { machine_id }),
+            other => other?,
+        };
         // The stamp was read before this check: a process paused in between
         // (SIGSTOP, a long preemption) or a clock stepped meanwhile finds
         // its lease may be over and drops the ID it made; so does a stamp

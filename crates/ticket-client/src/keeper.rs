@@ -12,11 +12,11 @@
 //! It never holds the holder's lock across a call to the registry, and
 //! every call is bounded (`connect::Conn`) and gives way to a stop.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::clock::{boot_ms, wall_ms};
+use crate::clock::boot_ms;
 use crate::connect::{reuse_or_connect, CallError, Conn};
-use crate::registry::{self, Grant};
+use crate::registry::{self, Clocks, Grant};
 use ticket_core::leases::{clocks_agree, Reckoning};
 
 /// A lease as the keeper publishes it.
@@ -58,6 +58,9 @@ pub trait LeaseHolder {
     }
 }
 
+/// The longest a release on stop may take, whatever the ttl.
+const STOP_RELEASE_BOUND: Duration = Duration::from_secs(5);
+
 pub struct LeaseKeeper {
     pub holder_name: String,
     pub ttl_ms: i64,
@@ -76,7 +79,8 @@ impl LeaseKeeper {
     }
 
     /// A registry that does not answer costs at most a third of the ttl per
-    /// call, during which the lease simply runs out.
+    /// call (connecting and every statement of it together), during which
+    /// the lease simply runs out.
     fn bound(&self) -> Duration {
         Duration::from_millis((self.ttl_ms as u64 / 3).max(1_000))
     }
@@ -85,18 +89,27 @@ impl LeaseKeeper {
         self.ttl_cap_ms.map_or(self.ttl_ms, |cap| self.ttl_ms.min(cap))
     }
 
-    /// One call to the registry at `dsn`, bounded, giving way to a stop
-    /// unless `until_stop` is false.
+    /// One call to the registry at `dsn`, all of it within `bound`, giving
+    /// way to a stop unless `until_stop` is false.
     fn call_at<T>(
         &mut self,
         holder: &impl LeaseHolder,
         dsn: &str,
         until_stop: bool,
+        bound: Duration,
         f: impl FnOnce(&mut Conn, &dyn Fn() -> bool) -> Result<T, CallError>,
     ) -> Result<T, CallError> {
-        let stop = || until_stop && holder.stopping();
-        let bound = self.bound();
-        let outcome = reuse_or_connect(&mut self.conn, dsn, bound, &stop).and_then(|conn| f(conn, &stop));
+        if dsn.trim().is_empty() {
+            let e = CallError::Connection("no registry is set (the connection string is empty)".into());
+            holder.report(&e.message());
+            return Err(e);
+        }
+        let deadline = Instant::now() + bound;
+        let stopping = || until_stop && holder.stopping();
+        let stop = || stopping() || Instant::now() >= deadline;
+        let outcome = reuse_or_connect(&mut self.conn, dsn, bound, &stop)
+            .and_then(|conn| f(conn, &stop))
+            .map_err(|e| if e == CallError::Stopped && !stopping() { CallError::TimedOut(bound) } else { e });
         if outcome.as_ref().is_err_and(|e| e.code().is_none()) || !holder.keep_connection() {
             // No answer, or the connection failed: start over.
             self.conn = None;
@@ -109,17 +122,20 @@ impl LeaseKeeper {
 
     fn call<T>(&mut self, holder: &impl LeaseHolder, f: impl FnOnce(&mut Conn, &dyn Fn() -> bool) -> Result<T, CallError>) -> Result<T, CallError> {
         let dsn = self.leased_from.clone().unwrap_or_else(|| holder.dsn());
-        self.call_at(holder, &dsn, true, f)
+        let bound = self.bound();
+        self.call_at(holder, &dsn, true, bound, f)
     }
 
-    fn published(grant: Grant, sent_boot_ms: i64, sent_wall_ms: i64, ttl_ms: i64, registry_now_ms: i64) -> Published {
-        let (replied_boot_ms, replied_wall_ms) = (boot_ms(), wall_ms());
-        let local_ms = (sent_wall_ms + replied_wall_ms) / 2;
-        let skew_ms = local_ms - registry_now_ms;
+    /// The lease as of a reply: reckoned from the boot-clock time the call
+    /// began (the conservative end), the skew from the clocks around its
+    /// statement.
+    fn published(grant: Grant, sent_boot_ms: i64, ttl_ms: i64, clocks: Clocks) -> Published {
+        let (replied_boot_ms, replied_wall_ms) = (boot_ms(), crate::clock::wall_ms());
+        let skew_ms = clocks.local_ms - clocks.registry_ms;
         Published {
             grant,
             reckoning: Reckoning::from_reply(sent_boot_ms, ttl_ms, replied_boot_ms, replied_wall_ms, &grant, skew_ms),
-            skew: (!clocks_agree(local_ms, registry_now_ms, grant.margin_ms)).then_some((skew_ms, grant.margin_ms / 2)),
+            skew: (!clocks_agree(clocks.local_ms, clocks.registry_ms, grant.margin_ms)).then_some((skew_ms, grant.margin_ms / 2)),
         }
     }
 
@@ -172,12 +188,16 @@ impl LeaseKeeper {
     /// the release would be one the next holder does not know of.
     fn stop(&mut self, holder: &impl LeaseHolder) {
         let from = self.leased_from.take();
+        self.ttl_cap_ms = None;
         let Some(p) = holder.current() else { return };
         holder.withdraw();
         let last = holder.last_stamp_ms();
-        // Bounded, and not cut short by the stop itself: one release.
+        // Not cut short by the stop itself, but short whatever the ttl: the
+        // lease is withdrawn already, and the release only spares the next
+        // holder of the id the wait for its expiry.
         let dsn = from.unwrap_or_else(|| holder.dsn());
-        let _ = self.call_at(holder, &dsn, false, |conn, stop| registry::release(conn, &p.grant, last, stop));
+        let bound = self.bound().min(STOP_RELEASE_BOUND);
+        let _ = self.call_at(holder, &dsn, false, bound, |conn, stop| registry::release(conn, &p.grant, last, stop));
     }
 
     /// The registry said the lease is over, or its reckoning ran out: it is
@@ -185,40 +205,41 @@ impl LeaseKeeper {
     fn lease_over(&mut self, holder: &impl LeaseHolder) {
         holder.withdraw();
         self.leased_from = None;
+        // The next lease asks for the full ttl again: a raised
+        // lease_max_ttl is taken up.
+        self.ttl_cap_ms = None;
     }
 
     fn lease(&mut self, holder: &impl LeaseHolder) {
-        let (sent, sent_wall) = (boot_ms(), wall_ms());
-        let (name, ttl_ms, dsn) = (self.holder_name.clone(), self.ttl_now(), holder.dsn());
-        match self.call_at(holder, &dsn, true, |conn, stop| registry::lease(conn, &name, ttl_ms, stop)) {
-            Ok((grant, registry_now_ms)) => {
+        let sent = boot_ms();
+        let (name, ttl_ms, dsn, bound) = (self.holder_name.clone(), self.ttl_now(), holder.dsn(), self.bound());
+        match self.call_at(holder, &dsn, true, bound, |conn, stop| registry::lease(conn, &name, ttl_ms, stop)) {
+            Ok((grant, clocks)) => {
                 self.leased_from = Some(dsn);
-                holder.publish(Self::published(grant, sent, sent_wall, ttl_ms, registry_now_ms))
+                holder.publish(Self::published(grant, sent, ttl_ms, clocks))
             }
             Err(e) => {
                 if registry::ttl_refused(&e) {
                     self.cap_ttl(holder);
                 }
-                holder.pause_until(boot_ms() + self.retry_ms);
+                holder.pause_until(boot_ms().saturating_add(self.retry_ms));
             }
         }
     }
 
     fn renew(&mut self, holder: &impl LeaseHolder, current: Published) {
-        let (sent, sent_wall, ttl_ms) = (boot_ms(), wall_ms(), self.ttl_now());
+        let (sent, ttl_ms) = (boot_ms(), self.ttl_now());
         let last = holder.last_stamp_ms();
         match self.call(holder, |conn, stop| registry::renew(conn, &current.grant, ttl_ms, last, stop)) {
             // The registry never shortens a lease; the holder reckons on the
             // ttl it asked for, from the send time.
-            Ok((expires_at_ms, registry_now_ms)) => {
-                holder.publish(Self::published(Grant { expires_at_ms, ..current.grant }, sent, sent_wall, ttl_ms, registry_now_ms))
-            }
+            Ok((expires_at_ms, clocks)) => holder.publish(Self::published(Grant { expires_at_ms, ..current.grant }, sent, ttl_ms, clocks)),
             Err(e) if registry::lease_is_over(&e) => self.lease_over(holder),
             Err(e) => {
                 if registry::ttl_refused(&e) {
                     self.cap_ttl(holder);
                 }
-                holder.pause_until(boot_ms() + self.retry_ms);
+                holder.pause_until(boot_ms().saturating_add(self.retry_ms));
             }
         }
     }

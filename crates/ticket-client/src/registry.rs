@@ -3,7 +3,8 @@
 //! so a reply is a lease the registry will remember. pg_ticket's functions
 //! are called in the schema the extension lives in (`Conn::extension_schema`).
 
-use crate::connect::{CallError, Conn};
+use crate::clock::wall_ms;
+use crate::connect::{CallError, Conn, Param, Row};
 pub use ticket_core::leases::Grant;
 use ticket_core::leases::{parse_secret, secret_text};
 
@@ -23,11 +24,32 @@ fn setting_ms(name: &str) -> String {
     format!("(extract(epoch FROM pg_catalog.current_setting('{name}')::interval) * 1000)::bigint")
 }
 
-/// A grant, and the registry's clock during the call.
-pub fn lease(conn: &mut Conn, holder: &str, ttl_ms: i64, stop: &dyn Fn() -> bool) -> Result<(Grant, i64), CallError> {
+/// The two clocks around one call: the registry's during it, and this
+/// holder's halfway between sending it and reading its reply (the skew is
+/// the difference; measured around the protocol's own statement only, not
+/// the connecting and set-up before it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Clocks {
+    pub registry_ms: i64,
+    pub local_ms: i64,
+}
+
+/// `query_one` with the clocks around it; the registry's clock is the
+/// statement's column `registry_column`.
+fn timed(conn: &mut Conn, sql: &str, params: &[Param<'_>], registry_column: usize, stop: &dyn Fn() -> bool) -> Result<(Row, Clocks), CallError> {
+    let sent = wall_ms();
+    let row = conn.query_one(sql, params, stop)?;
+    let local_ms = sent + (wall_ms() - sent) / 2;
+    let registry_ms = row.int(registry_column)?;
+    Ok((row, Clocks { registry_ms, local_ms }))
+}
+
+/// A grant, and the clocks around the call.
+pub fn lease(conn: &mut Conn, holder: &str, ttl_ms: i64, stop: &dyn Fn() -> bool) -> Result<(Grant, Clocks), CallError> {
     let schema = conn.extension_schema(stop)?;
     // The margin is read after the call has loaded the library.
-    let row = conn.query_one(
+    let (row, clocks) = timed(
+        conn,
         &format!(
             "SELECT l.machine_id, l.lease, l.secret, l.not_before_ms, (extract(epoch FROM l.expires_at) * 1000)::bigint, l.epoch_ms, \
                     {}, {REGISTRY_NOW} \
@@ -35,6 +57,7 @@ pub fn lease(conn: &mut Conn, holder: &str, ttl_ms: i64, stop: &dyn Fn() -> bool
             setting_ms("pg_ticket.lease_margin")
         ),
         &[holder.into(), (&ttl_text(ttl_ms)).into()],
+        7,
         stop,
     )?;
     let machine_id = u16::try_from(row.int(0)?).map_err(|_| CallError::Unexpected("a machine id out of range".into()))?;
@@ -47,19 +70,21 @@ pub fn lease(conn: &mut Conn, holder: &str, ttl_ms: i64, stop: &dyn Fn() -> bool
         epoch_ms: row.int(5)?,
         margin_ms: row.int(6)?,
     };
-    Ok((grant, row.int(7)?))
+    Ok((grant, clocks))
 }
 
-/// The new expiry (Unix ms, the registry's clock), and the registry's clock
-/// during the call.
-pub fn renew(conn: &mut Conn, grant: &Grant, ttl_ms: i64, last_issued_ms: Option<i64>, stop: &dyn Fn() -> bool) -> Result<(i64, i64), CallError> {
+/// The new expiry (Unix ms, the registry's clock), and the clocks around
+/// the call.
+pub fn renew(conn: &mut Conn, grant: &Grant, ttl_ms: i64, last_issued_ms: Option<i64>, stop: &dyn Fn() -> bool) -> Result<(i64, Clocks), CallError> {
     let schema = conn.extension_schema(stop)?;
-    let row = conn.query_one(
+    let (row, clocks) = timed(
+        conn,
         &format!("SELECT (extract(epoch FROM {schema}.renew_machine_id($1, $2, $3, $4::interval, $5)) * 1000)::bigint, {REGISTRY_NOW}"),
         &[i32::from(grant.machine_id).into(), grant.lease.into(), (&secret_text(grant.secret)).into(), (&ttl_text(ttl_ms)).into(), last_issued_ms.into()],
+        1,
         stop,
     )?;
-    Ok((row.int(0)?, row.int(1)?))
+    Ok((row.int(0)?, clocks))
 }
 
 pub fn release(conn: &mut Conn, grant: &Grant, last_issued_ms: Option<i64>, stop: &dyn Fn() -> bool) -> Result<(), CallError> {
@@ -87,8 +112,9 @@ pub fn lease_is_over(e: &CallError) -> bool {
     e.code() == Some(OBJECT_NOT_IN_PREREQUISITE_STATE)
 }
 
-/// Did the registry refuse the ttl (22023: longer than its
-/// `pg_ticket.lease_max_ttl`)?
+/// Did the registry refuse the ttl as longer than its
+/// `pg_ticket.lease_max_ttl` (22023 naming that setting; other 22023s are
+/// about other arguments)?
 pub fn ttl_refused(e: &CallError) -> bool {
-    e.code() == Some(INVALID_PARAMETER_VALUE)
+    e.code() == Some(INVALID_PARAMETER_VALUE) && e.message().contains("pg_ticket.lease_max_ttl")
 }

@@ -71,9 +71,45 @@ fn days_from_civil(year: i64, month: i64, day: i64) -> i64 {
     era * 146_097 + doe - 719_468
 }
 
+/// Year, month, day of a day count since 1970-01-01 (Hinnant's
+/// civil-from-days).
+fn civil_from_days(days: i64) -> (i64, i64, i64) {
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    (yoe + era * 400 + i64::from(month <= 2), month, day)
+}
+
+/// Unix ms as a UTC timestamp for messages: `2026-01-01 00:00:00 UTC`, with
+/// `.123` when there are milliseconds.
+pub fn format_unix_ms(unix_ms: i64) -> String {
+    let (days, ms_of_day) = (unix_ms.div_euclid(86_400_000), unix_ms.rem_euclid(86_400_000));
+    let (year, month, day) = civil_from_days(days);
+    let (h, m, s, ms) = (ms_of_day / 3_600_000, ms_of_day / 60_000 % 60, ms_of_day / 1000 % 60, ms_of_day % 1000);
+    let fraction = if ms == 0 { String::new() } else { format!(".{ms:03}") };
+    format!("{year:04}-{month:02}-{day:02} {h:02}:{m:02}:{s:02}{fraction} UTC")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn times_in_messages_read_as_utc_timestamps() {
+        assert_eq!(format_unix_ms(1_767_225_600_000), "2026-01-01 00:00:00 UTC");
+        assert_eq!(format_unix_ms(1_767_225_600_123 + 86_399_000), "2026-01-01 23:59:59.123 UTC");
+        assert_eq!(format_unix_ms(951_782_400_000), "2000-02-29 00:00:00 UTC");
+        assert_eq!(format_unix_ms(-1), "1969-12-31 23:59:59.999 UTC");
+        for text in ["2026-01-01", "2024-02-29 12:34:56", "1970-01-01"] {
+            let ms = parse_epoch_ms(text).unwrap();
+            assert!(format_unix_ms(ms).starts_with(text.split(' ').next().unwrap()), "{text}");
+        }
+    }
 
     #[test]
     fn default_epoch_is_2026_01_01() {

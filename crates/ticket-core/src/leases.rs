@@ -82,8 +82,8 @@ pub fn parse_id_list(text: &str) -> Result<Vec<u16>, LeaseError> {
 }
 
 /// A granted lease: what the registry answers, and what a holder keeps
-/// (times in Unix ms, the registry's clock).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// (times in Unix ms, the registry's clock). Its `Debug` hides the secret.
+#[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Grant {
     pub machine_id: u16,
     /// The fencing token: strictly increasing over every grant.
@@ -96,6 +96,20 @@ pub struct Grant {
     pub margin_ms: i64,
     /// Whoever has it holds the lease: renew and release need it.
     pub secret: u128,
+}
+
+impl std::fmt::Debug for Grant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grant")
+            .field("machine_id", &self.machine_id)
+            .field("lease", &self.lease)
+            .field("not_before_ms", &self.not_before_ms)
+            .field("expires_at_ms", &self.expires_at_ms)
+            .field("epoch_ms", &self.epoch_ms)
+            .field("margin_ms", &self.margin_ms)
+            .field("secret", &"…")
+            .finish()
+    }
 }
 
 /// What the registry remembers of an id's last lease (times in Unix ms).

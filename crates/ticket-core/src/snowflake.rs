@@ -70,6 +70,35 @@ pub enum SnowflakeError {
     NegativeId(i64),
     #[error("{unix_ms} ms since 1970 is outside the snowflake time range: from the epoch ({epoch_ms}) for {MAX_TIMESTAMP_MS} ms")]
     TimeOutOfRange { unix_ms: i64, epoch_ms: i64 },
+    #[error("the machine-id lease ends at {} (plus half the margin): no later timestamp may be stamped under it; waiting for its renewal", crate::epoch::format_unix_ms(*.stamp_cap_unix_ms))]
+    PastLease { stamp_cap_unix_ms: i64 },
+    #[error("the snowflake IDs of {location} were made with {recorded}, but this server is set for {configured}: IDs of the two can collide; set it back")]
+    OtherIdSpace { location: String, recorded: IdSpace, configured: IdSpace },
+}
+
+/// The space snowflake IDs are stamped into: the epoch and the split of the
+/// 22 low bits between machine id and sequence. IDs compare only within one
+/// space, and a generator must never stamp into another space than the IDs
+/// it made before (a later epoch reissues the IDs of an earlier time), so
+/// the space is recorded with the mark and with the database's state
+/// (SPEC §13.10).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdSpace {
+    pub epoch_unix_ms: i64,
+    pub machine_bits: u32,
+}
+
+impl IdSpace {
+    /// The space of `epoch_unix_ms` in this layout.
+    pub fn with_epoch(epoch_unix_ms: i64) -> Self {
+        IdSpace { epoch_unix_ms, machine_bits: MACHINE_BITS }
+    }
+}
+
+impl std::fmt::Display for IdSpace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "epoch {} and {} machine bits", crate::epoch::format_unix_ms(self.epoch_unix_ms), self.machine_bits)
+    }
 }
 
 /// The ID for `parts`. Parts must already be in range (the generator
@@ -375,13 +404,18 @@ fn renew_early(shared: &SharedState, store: &impl MarkStore, epoch_unix_ms: i64,
     }
 }
 
-/// Issue the next ID from the shared state.
+/// Issue the next ID from the shared state. `stamp_cap_unix_ms` is the last
+/// millisecond this caller may stamp (a leased machine id's end plus half
+/// the margin; `i64::MAX` for a fixed one): a later timestamp is refused
+/// before it enters the state or the mark, so a clock stepped far ahead
+/// leaves no trace that would hold later IDs back.
 pub fn next_id(
     shared: &SharedState,
     clock: &impl Clock,
     store: &impl MarkStore,
     epoch_unix_ms: i64,
     machine_id: u16,
+    stamp_cap_unix_ms: i64,
 ) -> Result<i64, SnowflakeError> {
     ensure_loaded(shared, clock, store, epoch_unix_ms)?;
     loop {
@@ -410,6 +444,9 @@ pub fn next_id(
         match step(last, now_ms, max_wait_ms) {
             Step::Issue(next) => {
                 let millis = next >> SEQUENCE_BITS;
+                if epoch_unix_ms.saturating_add(millis as i64) > stamp_cap_unix_ms {
+                    return Err(SnowflakeError::PastLease { stamp_cap_unix_ms });
+                }
                 let reserved_until = shared.reserved_until.load(Ordering::Acquire);
                 if millis > reserved_until {
                     reserve(shared, clock, store, epoch_unix_ms, millis)?;
@@ -446,8 +483,34 @@ pub fn next_id(
 
 /// The durable mark as a file: written to a temporary file, flushed, and
 /// renamed over the old one, so a crash leaves the old or the new mark.
+/// The file records the ID space it was written for (`N epoch_ms=E
+/// machine_bits=B`); one of another space than `space` is refused on load.
+/// A file of 0.2.0 (`N` alone) is of the space configured.
 pub struct FileMarkStore<'a> {
     pub path: &'a std::path::Path,
+    pub space: IdSpace,
+}
+
+impl FileMarkStore<'_> {
+    /// The mark and the space it records.
+    fn parse(&self, text: &str) -> Result<(i64, Option<IdSpace>), String> {
+        let line = text.strip_suffix('\n').ok_or_else(|| "it does not end in a newline (a truncated write?)".to_string())?;
+        let mut words = line.split(' ');
+        let mark = words.next().unwrap_or_default().parse::<i64>().map_err(|e| format!("it is not a number: {e}"))?;
+        let (mut epoch, mut bits) = (None, None);
+        for word in words {
+            match word.split_once('=') {
+                Some(("epoch_ms", v)) => epoch = Some(v.parse::<i64>().map_err(|e| format!("epoch_ms: {e}"))?),
+                Some(("machine_bits", v)) => bits = Some(v.parse::<u32>().map_err(|e| format!("machine_bits: {e}"))?),
+                _ => return Err(format!("{word:?} is not part of a mark")),
+            }
+        }
+        match (epoch, bits) {
+            (None, None) => Ok((mark, None)),
+            (Some(epoch_unix_ms), Some(machine_bits)) => Ok((mark, Some(IdSpace { epoch_unix_ms, machine_bits }))),
+            _ => Err("it records half an ID space".into()),
+        }
+    }
 }
 
 impl MarkStore for FileMarkStore<'_> {
@@ -455,12 +518,13 @@ impl MarkStore for FileMarkStore<'_> {
         match std::fs::read_to_string(self.path) {
             // save() writes the number and a newline; anything else (a
             // truncated write, an edit) is not a mark to trust.
-            Ok(text) => text
-                .strip_suffix('\n')
-                .ok_or_else(|| "it does not end in a newline (a truncated write?)".to_string())
-                .and_then(|t| t.parse::<i64>().map_err(|e| format!("it is not a number: {e}")))
-                .map(Some)
-                .map_err(|why| SnowflakeError::DamagedMark { location: self.location(), why: format!("it holds {text:?}: {why}") }),
+            Ok(text) => match self.parse(&text) {
+                Ok((_, Some(recorded))) if recorded != self.space => {
+                    Err(SnowflakeError::OtherIdSpace { location: self.location(), recorded, configured: self.space })
+                }
+                Ok((mark, _)) => Ok(Some(mark)),
+                Err(why) => Err(SnowflakeError::DamagedMark { location: self.location(), why: format!("it holds {text:?}: {why}") }),
+            },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
             Err(e) => Err(SnowflakeError::MarkStore(format!("cannot read {}: {e}", self.path.display()))),
         }
@@ -475,7 +539,8 @@ impl MarkStore for FileMarkStore<'_> {
         let tmp = self.path.with_extension("tmp");
         let fail = |what: &str, e: std::io::Error| format!("cannot {what} {}: {e}", tmp.display());
         let mut file = std::fs::File::create(&tmp).map_err(|e| fail("create", e))?;
-        writeln!(file, "{reserved_until_unix_ms}").map_err(|e| fail("write", e))?;
+        let IdSpace { epoch_unix_ms, machine_bits } = self.space;
+        writeln!(file, "{reserved_until_unix_ms} epoch_ms={epoch_unix_ms} machine_bits={machine_bits}").map_err(|e| fail("write", e))?;
         file.sync_all().map_err(|e| fail("flush", e))?;
         std::fs::rename(&tmp, &self.path).map_err(|e| fail("rename", e))?;
         let dir = self.path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
@@ -545,7 +610,7 @@ mod tests {
     }
 
     fn gen(state: &SharedState, clock: &FakeClock) -> Result<i64, SnowflakeError> {
-        STORE.with(|store| next_id(state, clock, store, EPOCH, 7))
+        STORE.with(|store| next_id(state, clock, store, EPOCH, 7, i64::MAX))
     }
 
     #[test]
@@ -700,7 +765,7 @@ mod tests {
     fn a_backend_paused_between_clock_and_state_is_not_refused() {
         let state = SharedState::default();
         let clock = PreemptedClock { now: Cell::new(EPOCH + 1_000), shared: &state, preempted: Cell::new(false) };
-        let id = STORE.with(|store| next_id(&state, &clock, store, EPOCH, 7)).expect("a paused backend is not a clock going back");
+        let id = STORE.with(|store| next_id(&state, &clock, store, EPOCH, 7, i64::MAX)).expect("a paused backend is not a clock going back");
         assert_eq!(decompose(id).unwrap(), Parts { millis: 1_034, machine_id: 7, sequence: 1 });
     }
 
@@ -712,7 +777,7 @@ mod tests {
         let mut last = 0;
         for ms in (1_000..6_000).step_by(7) {
             clock.set(ms);
-            let id = next_id(&state, &clock, &store, EPOCH, 7).unwrap();
+            let id = next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).unwrap();
             assert!(id > last);
             last = id;
             let mark = store.mark.get().unwrap() - EPOCH;
@@ -728,11 +793,11 @@ mod tests {
         let state = SharedState::default();
         let clock = FakeClock::at(1_000);
         let store = MemStore::default();
-        next_id(&state, &clock, &store, EPOCH, 7).unwrap(); // reserves up to 2 000
+        next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).unwrap(); // reserves up to 2 000
         state.busy.store(true, Ordering::Release); // a writer is in its fsync
         for ms in [1_600, 1_800, 2_000] {
             clock.set(ms);
-            let id = next_id(&state, &clock, &store, EPOCH, 7).unwrap();
+            let id = next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).unwrap();
             assert_eq!(decompose(id).unwrap().millis, ms as u64);
         }
         assert_eq!(store.saves.get(), 1, "the early renewal only tries the lock");
@@ -744,16 +809,16 @@ mod tests {
         let state = SharedState::default();
         let clock = FakeClock::at(1_000);
         let store = MemStore::default();
-        next_id(&state, &clock, &store, EPOCH, 7).unwrap();
+        next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).unwrap();
         let before = state.last_state();
         state.busy.store(true, Ordering::Release); // a writer stalled on storage
         clock.set(2_001);
-        let err = next_id(&state, &clock, &store, EPOCH, 7).unwrap_err();
+        let err = next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).unwrap_err();
         assert_eq!(err, SnowflakeError::MarkBusy { waited_ms: MARK_WAIT_LIMIT_MS });
         assert_eq!(clock.paused_ms.get(), MARK_WAIT_LIMIT_MS, "waited in pauses (each one checks for interrupts)");
         assert_eq!(state.last_state(), before, "nothing issued past the mark");
         state.busy.store(false, Ordering::Release);
-        assert!(next_id(&state, &clock, &store, EPOCH, 7).is_ok(), "the writer done, issuing resumes");
+        assert!(next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).is_ok(), "the writer done, issuing resumes");
     }
 
     #[test]
@@ -761,13 +826,13 @@ mod tests {
         for (mark, what) in [(i64::MIN, "not a time"), (EPOCH + MAX_TIMESTAMP_MS as i64 + 1, "past the last millisecond")] {
             let store = MemStore::default();
             store.mark.set(Some(mark));
-            let err = next_id(&SharedState::default(), &FakeClock::at(1_000), &store, EPOCH, 7).unwrap_err();
+            let err = next_id(&SharedState::default(), &FakeClock::at(1_000), &store, EPOCH, 7, i64::MAX).unwrap_err();
             assert!(matches!(&err, SnowflakeError::DamagedMark { why, .. } if why.contains(what)), "{err}");
         }
         // A mark from before a later-moved epoch holds nothing back.
         let store = MemStore::default();
         store.mark.set(Some(EPOCH - 5_000));
-        assert!(next_id(&SharedState::default(), &FakeClock::at(1_000), &store, EPOCH, 7).is_ok());
+        assert!(next_id(&SharedState::default(), &FakeClock::at(1_000), &store, EPOCH, 7, i64::MAX).is_ok());
     }
 
     /// A server restarted (fresh shared state) over the mark a previous one left.
@@ -780,14 +845,14 @@ mod tests {
     #[test]
     fn after_a_restart_ids_start_above_the_mark() {
         let (state, clock, store) = restarted_at(20_000, 20_000);
-        let id = next_id(&state, &clock, &store, EPOCH, 7).unwrap();
+        let id = next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).unwrap();
         assert_eq!(decompose(id).unwrap().millis, 20_001, "never at the reserved millisecond itself");
     }
 
     #[test]
     fn after_a_restart_a_clock_behind_the_mark_within_the_reservation_waits() {
         let (state, clock, store) = restarted_at(20_000 - 600, 20_000);
-        let id = next_id(&state, &clock, &store, EPOCH, 7).unwrap();
+        let id = next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).unwrap();
         assert_eq!(decompose(id).unwrap().millis, 20_001);
         assert_eq!(clock.paused_ms.get(), 601);
     }
@@ -795,7 +860,7 @@ mod tests {
     #[test]
     fn after_a_restart_a_clock_far_behind_the_mark_is_refused() {
         let (state, clock, store) = restarted_at(400_000 - 300_000, 400_000);
-        let err = next_id(&state, &clock, &store, EPOCH, 7).unwrap_err();
+        let err = next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).unwrap_err();
         assert_eq!(err, SnowflakeError::ClockBehind { behind_ms: 300_000, allowed_ms: RESERVE_AHEAD_MS + MAX_BACKWARD_WAIT_MS });
         assert!(err.to_string().contains("300000 ms behind"), "{err}");
         assert_eq!(clock.paused_ms.get(), 0);
@@ -804,10 +869,10 @@ mod tests {
     #[test]
     fn once_an_id_is_issued_after_a_restart_the_10ms_rule_applies_again() {
         let (state, clock, store) = restarted_at(20_100, 20_000);
-        next_id(&state, &clock, &store, EPOCH, 7).unwrap();
+        next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).unwrap();
         clock.set(20_100 - 50);
         assert_eq!(
-            next_id(&state, &clock, &store, EPOCH, 7),
+            next_id(&state, &clock, &store, EPOCH, 7, i64::MAX),
             Err(SnowflakeError::ClockBehind { behind_ms: 50, allowed_ms: 10 })
         );
     }
@@ -818,10 +883,10 @@ mod tests {
         let clock = FakeClock::at(1_000);
         let store = MemStore::default();
         store.fail.set(true);
-        assert!(matches!(next_id(&state, &clock, &store, EPOCH, 7), Err(SnowflakeError::MarkStore(_))));
+        assert!(matches!(next_id(&state, &clock, &store, EPOCH, 7, i64::MAX), Err(SnowflakeError::MarkStore(_))));
         assert_eq!(state.last_state(), 0);
         store.fail.set(false);
-        assert!(next_id(&state, &clock, &store, EPOCH, 7).is_ok());
+        assert!(next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).is_ok());
     }
 
     #[test]
@@ -829,11 +894,16 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ticket-core-mark-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("mark");
-        let store = FileMarkStore { path: &path };
+        let space = IdSpace::with_epoch(EPOCH);
+        let store = FileMarkStore { path: &path, space };
         assert_eq!(store.load(), Ok(None));
         store.save(1_767_225_600_123).unwrap();
-        assert_eq!(FileMarkStore { path: &path }.load(), Ok(Some(1_767_225_600_123)));
-        for damaged in ["garbage\n", "1767225600123", "17672256\n0\n", ""] {
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("1767225600123 epoch_ms={EPOCH} machine_bits=10\n"));
+        assert_eq!(FileMarkStore { path: &path, space }.load(), Ok(Some(1_767_225_600_123)));
+        // A mark of 0.2.0 records no space: it is the one configured.
+        std::fs::write(&path, "1767225600124\n").unwrap();
+        assert_eq!(store.load(), Ok(Some(1_767_225_600_124)));
+        for damaged in ["garbage\n", "1767225600123", "17672256\n0\n", "", "1 epoch_ms=5\n", "1 epoch_ms=x machine_bits=10\n", "1 other=2\n"] {
             std::fs::write(&path, damaged).unwrap();
             let err = store.load().unwrap_err();
             assert!(
@@ -841,6 +911,39 @@ mod tests {
                 "{damaged:?}: {err}"
             );
         }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_timestamp_past_the_lease_cap_is_refused_before_it_enters_the_state_or_the_mark() {
+        let (state, store) = (SharedState::default(), MemStore::default());
+        let clock = FakeClock::at(1_000);
+        let cap = EPOCH + 5_000;
+        let first = next_id(&state, &clock, &store, EPOCH, 7, cap).unwrap();
+        let mark = store.mark.get();
+        clock.set(3_600_000); // the wall clock stepped an hour forward
+        assert_eq!(next_id(&state, &clock, &store, EPOCH, 7, cap), Err(SnowflakeError::PastLease { stamp_cap_unix_ms: cap }));
+        assert_eq!(state.last_state() >> SEQUENCE_BITS, 1_000, "the stepped clock left no trace in the state");
+        assert_eq!(store.mark.get(), mark, "nor in the mark");
+        clock.set(1_001); // stepped back: stamps go on
+        assert!(next_id(&state, &clock, &store, EPOCH, 7, cap).unwrap() > first);
+    }
+
+    #[test]
+    fn a_mark_of_another_id_space_is_refused_saying_both() {
+        let dir = std::env::temp_dir().join(format!("ticket-core-space-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("mark");
+        FileMarkStore { path: &path, space: IdSpace::with_epoch(EPOCH) }.save(EPOCH + 5_000).unwrap();
+        let later = IdSpace::with_epoch(EPOCH + 151 * 86_400_000);
+        let err = FileMarkStore { path: &path, space: later }.load().unwrap_err();
+        assert_eq!(err, SnowflakeError::OtherIdSpace { location: FileMarkStore { path: &path, space: later }.location(), recorded: IdSpace::with_epoch(EPOCH), configured: later });
+        let text = err.to_string();
+        assert!(text.contains("epoch 2026-01-01 00:00:00 UTC") && text.contains("epoch 2026-06-01 00:00:00 UTC"), "{text}");
+        // And the generator refuses to issue from it.
+        let state = SharedState::default();
+        let clock = FakeClock::at(200 * 86_400_000);
+        assert!(matches!(next_id(&state, &clock, &FileMarkStore { path: &path, space: later }, later.epoch_unix_ms, 7, i64::MAX), Err(SnowflakeError::OtherIdSpace { .. })));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -870,34 +973,34 @@ mod tests {
         let floor = EPOCH + 50_000;
         let state = SharedState::starting_after(floor, EPOCH);
         let ahead = FakeClock::at(50_001);
-        let id = next_id(&state, &ahead, &NoStore, EPOCH, 7).unwrap();
+        let id = next_id(&state, &ahead, &NoStore, EPOCH, 7, i64::MAX).unwrap();
         assert_eq!(decompose(id).unwrap().millis, 50_001);
 
         let state = SharedState::starting_after(floor, EPOCH);
         let slightly_behind = FakeClock::at(49_995);
-        let id = next_id(&state, &slightly_behind, &NoStore, EPOCH, 7).unwrap();
+        let id = next_id(&state, &slightly_behind, &NoStore, EPOCH, 7, i64::MAX).unwrap();
         assert_eq!(decompose(id).unwrap().millis, 50_001, "never at the floor itself");
 
         let state = SharedState::starting_after(floor, EPOCH);
         assert_eq!(
-            next_id(&state, &FakeClock::at(49_000), &NoStore, EPOCH, 7),
+            next_id(&state, &FakeClock::at(49_000), &NoStore, EPOCH, 7, i64::MAX),
             Err(SnowflakeError::ClockBehind { behind_ms: 1_000, allowed_ms: MAX_BACKWARD_WAIT_MS })
         );
         // A floor before the epoch (an id never leased: 0) holds nothing back.
         let state = SharedState::starting_after(0, EPOCH);
-        assert_eq!(decompose(next_id(&state, &FakeClock::at(5), &NoStore, EPOCH, 7).unwrap()).unwrap().millis, 5);
+        assert_eq!(decompose(next_id(&state, &FakeClock::at(5), &NoStore, EPOCH, 7, i64::MAX).unwrap()).unwrap().millis, 5);
     }
 
     #[test]
     fn a_raised_floor_holds_later_ids_above_it() {
         let state = SharedState::starting_after(0, EPOCH);
         let clock = FakeClock::at(1_000);
-        next_id(&state, &clock, &NoStore, EPOCH, 1).unwrap();
+        next_id(&state, &clock, &NoStore, EPOCH, 1, i64::MAX).unwrap();
         state.raise_floor(EPOCH + 1_005, EPOCH);
-        let id = next_id(&state, &clock, &NoStore, EPOCH, 2).unwrap();
+        let id = next_id(&state, &clock, &NoStore, EPOCH, 2, i64::MAX).unwrap();
         assert_eq!(decompose(id).unwrap().millis, 1_006, "waited out 5 ms to pass the floor");
         state.raise_floor(EPOCH + 10, EPOCH);
-        assert_eq!(decompose(next_id(&state, &clock, &NoStore, EPOCH, 2).unwrap()).unwrap().millis, 1_006, "a lower floor changes nothing");
+        assert_eq!(decompose(next_id(&state, &clock, &NoStore, EPOCH, 2, i64::MAX).unwrap()).unwrap().millis, 1_006, "a lower floor changes nothing");
     }
 
     #[test]
@@ -914,7 +1017,7 @@ mod tests {
         let state = SharedState::starting_after(0, EPOCH);
         let per_thread: Vec<Vec<i64>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..4)
-                .map(|_| s.spawn(|| (0..20_000).map(|_| next_id(&state, &SystemClock, &NoStore, EPOCH, 1).unwrap()).collect::<Vec<_>>()))
+                .map(|_| s.spawn(|| (0..20_000).map(|_| next_id(&state, &SystemClock, &NoStore, EPOCH, 1, i64::MAX).unwrap()).collect::<Vec<_>>()))
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });

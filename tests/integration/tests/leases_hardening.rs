@@ -317,6 +317,13 @@ fn a_database_that_never_answers_neither_hangs_a_generator_nor_a_block_pool() {
     config.ttl = Duration::from_secs(3);
     let generator = LeasedGenerator::start(config).unwrap();
     let grant = generator.wait_for_lease(Duration::from_secs(10)).unwrap();
+    // Review of #17: the release on stop took up to four thirds of the ttl
+    // (each of connect, set-up and release had a third): with a 5-minute
+    // lease a stop hung for minutes. Now it is short whatever the ttl.
+    let mut long = GeneratorConfig::new(dsn.clone(), "black-holed, 5 min");
+    long.ttl = Duration::from_secs(300);
+    let long_lived = LeasedGenerator::start(long).unwrap();
+    long_lived.wait_for_lease(Duration::from_secs(10)).unwrap();
     let mut pool_config = PoolConfig::new(dsn, "black-holed", 1_000);
     pool_config.wait_timeout = Duration::from_secs(2);
     let pool = BlockPool::start(pool_config).unwrap();
@@ -330,6 +337,7 @@ fn a_database_that_never_answers_neither_hangs_a_generator_nor_a_block_pool() {
     // The pool's idle check is under way too.
     std::thread::sleep(Duration::from_millis(1_500));
     returns_within("dropping the generator", Duration::from_secs(2), move || drop(generator));
+    returns_within("dropping a generator with a 5-minute lease", Duration::from_secs(8), move || drop(long_lived));
     returns_within("closing the block pool", Duration::from_secs(2), move || pool.close());
     black_hole.store(false, Ordering::Relaxed);
     let state: String = db
@@ -379,7 +387,36 @@ fn a_clock_stepped_forward_on_a_running_server_stops_its_snowflakes() {
         }
     }
     assert_eq!(refused, 50);
-    std::fs::write(&clock, "+0\n").unwrap();
+    // Review of #17: sessions stamping while the clock steps could leave a
+    // discarded stamp an hour ahead in the generator's state and mark, so
+    // every later call (and every renewal, 22023) was refused even after the
+    // clock came back — across a restart too. Three sessions race the steps.
+    let stop = Arc::new(AtomicBool::new(false));
+    let racers: Vec<_> = (0..3)
+        .map(|_| {
+            let (dsn, stop) = (server.dsn(), Arc::clone(&stop));
+            std::thread::spawn(move || {
+                let mut c = Client::connect(&dsn, postgres::NoTls).unwrap();
+                while !stop.load(Ordering::Relaxed) {
+                    let _ = c.query_one("SELECT snowflake_id()", &[]);
+                }
+            })
+        })
+        .collect();
+    for offset in ["+0", "+3600s", "+0", "+3600s", "+0"] {
+        std::fs::write(&clock, format!("{offset}\n")).unwrap();
+        std::thread::sleep(Duration::from_millis(400));
+    }
+    stop.store(true, Ordering::Relaxed);
+    for r in racers {
+        r.join().unwrap();
+    }
+    wait_until("stamping again once the clock is back", Duration::from_secs(10), || db.query_one("SELECT snowflake_id()", &[]).is_ok());
+    let ahead_ms: i64 = db
+        .query_one("SELECT (extract(epoch FROM last_snowflake_at - clock_timestamp()) * 1000)::bigint FROM pgticket.status", &[])
+        .unwrap()
+        .get(0);
+    assert!(ahead_ms < 5_000, "the generator holds a stamp {ahead_ms} ms ahead of the clock");
     server.stop();
     registry.stop();
 }
@@ -557,6 +594,13 @@ fn a_reloaded_registry_setting_moves_the_lease_without_overlap() {
     }
     let held: String = new.connect().query_one("SELECT state FROM pgticket.machine_leases WHERE machine_id = 9", &[]).unwrap().get(0);
     assert_eq!(held, "held");
+    // Review of #17: a reload that empties the setting was taken, and libpq
+    // then connected to its defaults. It is refused; the lease goes on.
+    let e = db.batch_execute("ALTER SYSTEM SET pg_ticket.registry = ''").unwrap_err();
+    assert_eq!(sqlstate(&e), "22023", "{e:?}");
+    let shown: String = db.query_one("SHOW pg_ticket.registry", &[]).unwrap().get(0);
+    assert_eq!(shown, new.dsn(), "an empty registry is refused at reload");
+    assert_eq!(machine(&mut db), Some(9));
     server.stop();
 }
 
@@ -682,4 +726,77 @@ fn a_rewound_token_sequence_holds_off_renewals_record_a_raised_ttl_and_no_grant_
     open.batch_execute("COMMIT").unwrap();
     lease(&mut db, "after", "1 second").expect("grants once the settle committed");
     c.stop();
+}
+
+
+/// A TCP proxy to `upstream_port` that holds every chunk `delay` before
+/// passing it on, both ways (a slow network).
+fn delaying_proxy(upstream_port: u16, delay: Duration) -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for client in listener.incoming().flatten() {
+            let Ok(server) = TcpStream::connect(("127.0.0.1", upstream_port)) else { continue };
+            for (mut from, mut to) in [(client.try_clone().unwrap(), server.try_clone().unwrap()), (server, client)] {
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 65536];
+                    while let Ok(n) = from.read(&mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        std::thread::sleep(delay);
+                        if to.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                    }
+                    let _ = to.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        }
+    });
+    port
+}
+
+/// Review of #17: the skew was measured across the whole call (connecting,
+/// TLS, set-up statements), so a slow network read as a clock difference
+/// and a holder with agreeing clocks was refused for good; a statement the
+/// holder gave up on was left to commit later, granting ids to nobody; and
+/// a registry whose extension moved to another schema was called in the
+/// old one for ever.
+#[test]
+fn a_slow_network_is_not_clock_skew_a_given_up_call_grants_nothing_and_a_moved_extension_is_found() {
+    let registry = Cluster::start("lh-slow", 55521, &["listen_addresses = '127.0.0.1'", "pg_ticket.lease_margin = '1s'"]);
+    let port = delaying_proxy(55521, Duration::from_millis(150));
+    let mut config = GeneratorConfig::new(format!("host=127.0.0.1 port={port} user=postgres dbname=postgres"), "far-away");
+    config.ttl = Duration::from_secs(6);
+    let far = LeasedGenerator::start(config).unwrap();
+    far.wait_for_lease(Duration::from_secs(15)).unwrap();
+    far.next_id().expect("same clocks, 300 ms round trips, a 1 s margin: no skew");
+    drop(far);
+
+    // The leases table locked for 5 s: every call of the holder gives up
+    // after a second (ttl 3 s); none of them may commit later.
+    let mut admin = registry.connect();
+    admin.batch_execute("BEGIN; LOCK TABLE pgticket.machine_id_leases IN ACCESS EXCLUSIVE MODE").unwrap();
+    let mut config = GeneratorConfig::new(registry.dsn(), "locked-out");
+    config.ttl = Duration::from_secs(3);
+    config.retry_interval = Duration::from_millis(200);
+    let locked_out = LeasedGenerator::start(config).unwrap();
+    std::thread::sleep(Duration::from_secs(5));
+    admin.batch_execute("COMMIT").unwrap();
+    locked_out.wait_for_lease(Duration::from_secs(10)).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let held: i64 = admin
+        .query_one("SELECT count(*) FROM pgticket.machine_leases WHERE holder = 'locked-out' AND state = 'held'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(held, 1, "calls given up on committed grants nobody holds");
+
+    // The extension moves to another schema under a holder.
+    admin.batch_execute("DROP EXTENSION pg_ticket; CREATE SCHEMA ids; CREATE EXTENSION pg_ticket SCHEMA ids; SELECT ids.end_lease_hold_off()").unwrap();
+    wait_until("a lease from the moved extension", Duration::from_secs(20), || {
+        admin.query_one("SELECT count(*) FROM pgticket.machine_leases WHERE holder = 'locked-out'", &[]).is_ok_and(|r| r.get::<_, i64>(0) == 1)
+    });
+    drop(locked_out);
+    registry.stop();
 }

@@ -1,6 +1,6 @@
 //! The snowflake settings as a server administrator sets them.
 
-use pg_ticket_integration::{refused_start, Cluster};
+use pg_ticket_integration::{pg_tool, refused_start, sqlstate, Cluster};
 
 #[test]
 fn a_custom_epoch_and_machine_id_are_stamped_into_ids() {
@@ -49,4 +49,51 @@ fn the_machine_id_stamped_is_the_one_show_reports() {
     let stamped: i32 = client.query_one("SELECT machine_id FROM snowflake_decode(snowflake_id())", &[]).unwrap().get(0);
     assert_eq!((shown.as_str(), stamped), ("8", 8));
     c.stop();
+}
+
+/// Issue #23 item 3: the snowflake epoch was recorded nowhere. A server
+/// restarted with a later epoch issued the IDs of an earlier time again,
+/// and a dump restored onto a server with another epoch was accepted. Now
+/// the mark file and each database record their ID space: a server whose
+/// mark is of another space does not start, and a database of another
+/// space refuses snowflake_id().
+#[test]
+fn an_epoch_changed_after_use_is_refused_at_start_and_a_database_of_another_space_refuses() {
+    let c = Cluster::start("settings-space", 55519, &["pg_ticket.epoch = '2026-01-01'"]);
+    let mut db = c.connect();
+    db.query_one("SELECT snowflake_id()", &[]).unwrap();
+    let (host, port) = (c.dir.to_str().unwrap().to_string(), c.port.to_string());
+    let dump = c.dir.join("space.dump");
+    pg_tool("pg_dump", &["-h", &host, "-p", &port, "-U", "postgres", "-Fc", "-f", dump.to_str().unwrap(), "postgres"]);
+    drop(db);
+    c.stop();
+    // The same data directory with a later epoch: refused at start.
+    let conf = c.data_dir().join("postgresql.conf");
+    let mut text = std::fs::read_to_string(&conf).unwrap();
+    text.push_str("pg_ticket.epoch = '2026-06-01'\n");
+    std::fs::write(&conf, &text).unwrap();
+    let start = std::process::Command::new(pg_ticket_integration::repo_root().join("scripts/cluster.sh"))
+        .args(["up", c.dir.to_str().unwrap()])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!start.success(), "a server whose IDs were made with another epoch must not start");
+    let log = std::fs::read_to_string(c.dir.join("server.log")).unwrap();
+    assert!(
+        log.contains("were made with epoch 2026-01-01 00:00:00 UTC and 10 machine bits, but this server is set for epoch 2026-06-01 00:00:00 UTC"),
+        "{log}"
+    );
+
+    // The dump, restored onto a server with the later epoch: refused there.
+    let other = Cluster::start("settings-space-2", 55520, &["pg_ticket.epoch = '2026-06-01'"]);
+    let mut admin = other.connect();
+    admin.batch_execute("CREATE DATABASE restored").unwrap();
+    let (host2, port2) = (other.dir.to_str().unwrap().to_string(), other.port.to_string());
+    pg_tool("pg_restore", &["-h", &host2, "-p", &port2, "-U", "postgres", "-d", "restored", dump.to_str().unwrap()]);
+    let mut restored = other.connect_as("postgres", "restored");
+    let e = restored.query_one("SELECT snowflake_id()", &[]).unwrap_err();
+    assert_eq!(sqlstate(&e), "55000", "{e:?}");
+    assert!(e.as_db_error().unwrap().message().contains("this database (pgticket.id_space"), "{e:?}");
+    admin.query_one("SELECT snowflake_id()", &[]).expect("a database of this server's space stamps");
+    other.stop();
 }
