@@ -212,4 +212,9 @@ done
             echo "| $w | $clients | ${tps[$w/$clients/durable]} | ${tps[$w/$clients/off]} | ${tps[$w/$clients/on]} |"
         done
     done
+    echo
 } | tee "$report"
+# A cluster of its own per cache size, after this one has stopped.
+"$root/scripts/cluster.sh" stop "$dir"
+trap - EXIT
+"$root/scripts/bench-directory.sh" | tee -a "$report"

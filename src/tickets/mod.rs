@@ -159,42 +159,15 @@ fn forget(hash: u64) {
     KNOWN.with(|k| k.borrow_mut().remove(&hash));
 }
 
-/// Scan the directory for the scope; with `place`, under the exclusive
-/// lock, give it a slot if it has none.
+/// Look the scope up in the directory; with `place`, under the exclusive
+/// lock, give it a slot if it has none. O(1) either way (SPEC §13.11).
 fn find(scope: &ScopeId<'_>, place: bool) -> Option<(usize, u64)> {
     let first_step = settings::ticket_step_bounds().0;
-    let _dir = Directory::lock(place);
-    let slots = shmem::slots();
-    let mut free = None;
-    let mut oldest: Option<(usize, u64)> = None;
-    for (i, slot) in slots.iter().enumerate() {
-        let g = slot.lock();
-        if g.matches(scope) {
-            return Some((i, slot.generation.load(Ordering::Acquire)));
-        }
-        if !g.in_use {
-            free.get_or_insert(i);
-        } else if oldest.is_none_or(|(_, used)| g.last_used < used) {
-            oldest = Some((i, g.last_used));
-        }
+    let mut dir = Directory::lock(place);
+    if let Some(i) = dir.lookup(scope) {
+        return Some((i, shmem::slots()[i].generation.load(Ordering::Acquire)));
     }
-    if !place {
-        return None;
-    }
-    let i = free.or(oldest.map(|(i, _)| i)).expect("the cache has at least 16 slots");
-    let slot = &slots[i];
-    let mut g = slot.lock();
-    g.reset();
-    g.in_use = true;
-    g.db = scope.db;
-    g.table = scope.table;
-    g.hash = scope.hash;
-    g.key_len = scope.key.len() as u16;
-    g.key[..scope.key.len()].copy_from_slice(scope.key);
-    g.step = first_step;
-    g.last_used = shmem::tick();
-    let generation = slot.generation.fetch_add(1, Ordering::AcqRel) + 1;
-    Some((i, generation))
+    place.then(|| dir.place(scope, first_step))
 }
 
 fn raise(failure: Failure, queue: Name<'_>, domain: Name<'_>) -> ! {
@@ -256,10 +229,11 @@ fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
         match g.cache.take(series) {
             Take::Value { value, fetch_ahead } => {
                 g.last_used = shmem::tick();
+                g.referenced = true;
                 let ask = fetch_ahead && !g.requested && g.failure.is_none();
                 g.requested |= ask;
                 drop(g);
-                if ask && worker::wake(scope.db).is_err() {
+                if ask && worker::request(scope.db, i).is_err() {
                     // The value is taken: no error now. The next call asks
                     // again, and reports it if nothing is left by then.
                     slot.lock().requested = false;
@@ -285,9 +259,9 @@ fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
                 g.waits += 1;
                 drop(g);
                 crate::status::count_ticket_wait();
-                worker::wake(scope.db).or_raise();
+                worker::request(scope.db, i).or_raise();
                 let deadline = *deadline.get_or_insert_with(|| Instant::now() + settings::ticket_wait_timeout());
-                wait_for_segment(slot, generation, scope.db, deadline, queue, domain);
+                wait_for_segment(i, generation, scope.db, deadline, queue, domain);
             }
         }
     }
@@ -333,8 +307,9 @@ fn refuse_if_advanced_here(hash: u64, queue: Name<'_>, domain: Name<'_>) {
 /// Sleep on the condition variable until the slot has something cached, a
 /// failure, or another scope — or the deadline passes (55000). Wakes the
 /// worker again every 100 ms, which also restarts a worker that died.
-fn wait_for_segment(slot: &shmem::Slot, generation: u64, db: u32, deadline: Instant, queue: Name<'_>, domain: Name<'_>) {
+fn wait_for_segment(i: usize, generation: u64, db: u32, deadline: Instant, queue: Name<'_>, domain: Name<'_>) {
     let series = settings::ticket_series();
+    let slot = &shmem::slots()[i];
     let cv = shmem::cv();
     unsafe { pg_sys::ConditionVariablePrepareToSleep(cv) };
     loop {
@@ -365,7 +340,7 @@ fn wait_for_segment(slot: &shmem::Slot, generation: u64, db: u32, deadline: Inst
         }
         let wait_ms = (deadline - now).as_millis().min(100) as i64;
         unsafe { pg_sys::ConditionVariableTimedSleep(cv, wait_ms, pg_sys::PG_WAIT_EXTENSION) };
-        worker::wake(db).or_raise();
+        worker::request(db, i).or_raise();
     }
     unsafe { pg_sys::ConditionVariableCancelSleep() };
 }

@@ -16,11 +16,17 @@
 //!   and re-checks it under the spinlock, so a reused slot never hands a
 //!   value to a backend that looked up the old scope. The worker installs a
 //!   segment only if the generation it read is still current.
-//! - The directory (which slot holds which scope; choosing a slot to reuse)
-//!   is changed only under the `pg_ticket_tickets` LWLock in exclusive
-//!   mode and scanned under it in shared mode; backends take it only when
-//!   their local (slot, generation) is missing or stale — never per ticket.
-//! - The worker registry is changed under the same LWLock, exclusive.
+//! - The directory (`ticket_core::directory`: a hash index from scope to
+//!   slot, the free slots, the CLOCK hand, the slots per database) is read
+//!   under the `pg_ticket_tickets` LWLock in shared mode (one O(1) lookup)
+//!   and changed under it in exclusive mode (O(1) amortized: a free slot,
+//!   or a sweep of a few slots); backends take it only when their local
+//!   (slot, generation) is missing or stale — never per ticket. Nothing
+//!   scans every slot under it but `empty_slots` (DROP DATABASE,
+//!   `advance_ticket`). A slot's `key_hash` changes only under it,
+//!   exclusive, so the index can be maintained without the slots' locks.
+//! - The worker registry is changed under the same LWLock, exclusive. Each
+//!   worker's request queue has a spinlock of its own (a few instructions).
 //! - Waiting for a segment is on one condition variable, with a timeout.
 //!
 //! Sized at server start, so it lives in our own shmem request/startup hooks
@@ -30,12 +36,16 @@ use pgrx::pg_sys;
 use std::cell::UnsafeCell;
 use std::ffi::CStr;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU32, AtomicU64, Ordering};
+use ticket_core::directory::{self, Bucket, DbBucket, DbCounts, SlotView};
 use ticket_core::tickets::Cache;
 
 /// queue (≤ 255 bytes), NUL, domain (≤ 255 bytes).
 pub const KEY_MAX: usize = 511;
 /// Databases served at once, one worker each.
 pub const MAX_WORKERS: usize = 32;
+/// Requests a worker's queue holds; past it the worker looks at every slot
+/// once.
+const QUEUE: usize = 256;
 const TRANCHE: &CStr = c"pg_ticket_tickets";
 const SHMEM_NAME: &CStr = c"pg_ticket ticket cache";
 
@@ -77,6 +87,8 @@ pub struct SlotData {
     pub reserved_to: i64,
     pub failure: Option<Failure>,
     pub last_used: u64,
+    /// Used since the CLOCK hand last passed (its second chance).
+    pub referenced: bool,
     /// Unix ms when the last segment was installed (for the step).
     pub installed_at_ms: i64,
     pub refills: u64,
@@ -87,6 +99,9 @@ pub struct SlotData {
 pub struct Slot {
     spin: AtomicBool,
     pub generation: AtomicU64,
+    /// The hash of the scope it holds, for the index (changed only under
+    /// the directory lock, exclusive).
+    key_hash: AtomicU64,
     data: UnsafeCell<SlotData>,
 }
 
@@ -145,6 +160,7 @@ impl SlotData {
             reserved_to: 0,
             failure: None,
             last_used: 0,
+            referenced: false,
             installed_at_ms: 0,
             refills: 0,
             waits: 0,
@@ -185,6 +201,65 @@ pub struct WorkerSlot {
     /// When a backend asked for this worker, on the monotonic clock (ms), to
     /// tell a slow start from a dead one whatever the wall clock does.
     pub started_at_ms: AtomicU64,
+    /// The slots that asked for a segment since the worker last looked, so
+    /// a pass costs what was asked, not the size of the cache.
+    queue_spin: AtomicBool,
+    queue_len: AtomicU32,
+    /// More asked than the queue holds: look at every slot.
+    overflow: AtomicBool,
+    queue: [AtomicU32; QUEUE],
+}
+
+impl WorkerSlot {
+    fn with_queue<R>(&self, f: impl FnOnce(&Self) -> R) -> R {
+        while self.queue_spin.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+            std::hint::spin_loop();
+        }
+        let r = f(self);
+        self.queue_spin.store(false, Ordering::Release);
+        r
+    }
+
+    /// Slot `i` asks for a segment.
+    pub fn push(&self, i: usize) {
+        self.with_queue(|w| {
+            let len = w.queue_len.load(Ordering::Relaxed) as usize;
+            if len < QUEUE {
+                w.queue[len].store(i as u32, Ordering::Relaxed);
+                w.queue_len.store(len as u32 + 1, Ordering::Relaxed);
+            } else {
+                w.overflow.store(true, Ordering::Relaxed);
+            }
+        });
+    }
+
+    /// What was asked since the last call (sorted, once each), and whether
+    /// more was asked than the queue held.
+    pub fn drain(&self) -> (Vec<usize>, bool) {
+        let (mut asked, overflow) = self.with_queue(|w| {
+            let len = w.queue_len.swap(0, Ordering::Relaxed) as usize;
+            ((0..len).map(|k| w.queue[k].load(Ordering::Relaxed) as usize).collect::<Vec<_>>(), w.overflow.swap(false, Ordering::Relaxed))
+        });
+        asked.sort_unstable();
+        asked.dedup();
+        (asked, overflow)
+    }
+
+    /// A new worker for this entry: it looks at every slot first.
+    pub fn clear_queue(&self) {
+        self.with_queue(|w| {
+            w.queue_len.store(0, Ordering::Relaxed);
+            w.overflow.store(false, Ordering::Relaxed);
+        });
+    }
+}
+
+/// The directory's scalars (changed under its lock, exclusive).
+#[repr(C)]
+struct DirState {
+    hand: usize,
+    free_len: usize,
+    active_dbs: u32,
 }
 
 #[repr(C)]
@@ -193,6 +268,7 @@ pub struct Header {
     pub clock: AtomicU64,
     pub cv: pg_sys::ConditionVariable,
     pub workers: [WorkerSlot; MAX_WORKERS],
+    dir: UnsafeCell<DirState>,
 }
 
 static mut SHARED: *mut Header = std::ptr::null_mut();
@@ -201,8 +277,20 @@ static mut NSLOTS: usize = 0;
 static mut PREV_REQUEST: pg_sys::shmem_request_hook_type = None;
 static mut PREV_STARTUP: pg_sys::shmem_startup_hook_type = None;
 
+// Laid out after the header: the slots, the scope index, the database
+// table (both `directory::buckets_for(nslots)` buckets), the free stack.
+fn offsets(nslots: usize) -> (usize, usize, usize, usize, usize) {
+    let buckets = directory::buckets_for(nslots);
+    let slots = std::mem::size_of::<Header>();
+    let index = slots + nslots * std::mem::size_of::<Slot>();
+    let dbs = index + buckets * std::mem::size_of::<Bucket>();
+    let free = dbs + buckets * std::mem::size_of::<DbBucket>();
+    let end = free + nslots * std::mem::size_of::<u32>();
+    (slots, index, dbs, free, end)
+}
+
 fn size(nslots: usize) -> usize {
-    std::mem::size_of::<Header>() + nslots * std::mem::size_of::<Slot>()
+    offsets(nslots).4
 }
 
 /// Called from `_PG_init` while preloading, with the configured size.
@@ -251,6 +339,13 @@ unsafe extern "C-unwind" fn startup() {
             for slot in slots() {
                 std::ptr::write(slot.data.get(), SlotData::empty());
             }
+            // Every slot free, taken from 0 up.
+            let (_, _, _, free, _) = offsets(NSLOTS);
+            let stack = std::slice::from_raw_parts_mut((SHARED as *mut u8).add(free) as *mut u32, NSLOTS);
+            for (k, entry) in stack.iter_mut().enumerate() {
+                *entry = (NSLOTS - 1 - k) as u32;
+            }
+            (*(*header).dir.get()).free_len = NSLOTS;
         }
         LOCK = &mut (*pg_sys::GetNamedLWLockTranche(TRANCHE.as_ptr())).lock;
         pg_sys::LWLockRelease(init_lock);
@@ -263,9 +358,14 @@ pub fn header() -> &'static Header {
 
 pub fn slots() -> &'static [Slot] {
     unsafe {
-        let first = (SHARED as *mut u8).add(std::mem::size_of::<Header>()) as *const Slot;
+        let first = (SHARED as *mut u8).add(offsets((*SHARED).nslots).0) as *const Slot;
         std::slice::from_raw_parts(first, (*SHARED).nslots)
     }
+}
+
+/// The array at `offset`, `len` long (under the directory lock).
+unsafe fn array<T>(offset: usize, len: usize) -> *mut [T] {
+    unsafe { std::ptr::slice_from_raw_parts_mut((SHARED as *mut u8).add(offset) as *mut T, len) }
 }
 
 pub fn cv() -> *mut pg_sys::ConditionVariable {
@@ -275,14 +375,105 @@ pub fn cv() -> *mut pg_sys::ConditionVariable {
 /// Holds the directory LWLock; released on drop (an ERROR's abort releases
 /// every LWLock too).
 pub struct Directory {
-    _private: (),
+    exclusive: bool,
 }
 
 impl Directory {
     pub fn lock(exclusive: bool) -> Directory {
         let mode = if exclusive { pg_sys::LWLockMode::LW_EXCLUSIVE } else { pg_sys::LWLockMode::LW_SHARED };
         unsafe { pg_sys::LWLockAcquire(LOCK, mode) };
-        Directory { _private: () }
+        Directory { exclusive }
+    }
+
+    fn buckets(&self) -> usize {
+        directory::buckets_for(header().nslots)
+    }
+
+    /// The slot holding `scope` (one index probe).
+    pub fn lookup(&self, scope: &ScopeId<'_>) -> Option<usize> {
+        let slots = slots();
+        // SAFETY: the lock is held; writers hold it exclusively.
+        let index = unsafe { &*array::<Bucket>(offsets(header().nslots).1, self.buckets()) };
+        directory::lookup(index, scope.hash, |i| slots[i].lock().matches(scope))
+    }
+
+    /// Give `scope` a slot: a free one, else the sweep's victim (what that
+    /// cached becomes a gap). Its generation, bumped, is returned.
+    pub fn place(&mut self, scope: &ScopeId<'_>, step: i64) -> (usize, u64) {
+        assert!(self.exclusive, "the directory is changed under its exclusive lock");
+        let (slots, n, buckets) = (slots(), header().nslots, self.buckets());
+        let (_, index_at, dbs_at, free_at, _) = offsets(n);
+        // SAFETY: held exclusively: nobody else reads or writes these.
+        let (state, dbs, free) = unsafe { (&mut *header().dir.get(), &mut *array::<DbBucket>(dbs_at, buckets), &mut *array::<u32>(free_at, n)) };
+        let i = if state.free_len > 0 {
+            state.free_len -= 1;
+            free[state.free_len] as usize
+        } else {
+            let counts = DbCounts { table: dbs, active: &mut state.active_dbs };
+            directory::sweep(&mut state.hand, n, scope.db, &counts, |i| {
+                let mut g = slots[i].lock();
+                let view = SlotView { in_use: g.in_use, db: g.db, referenced: g.referenced };
+                g.referenced = false;
+                view
+            })
+        };
+        self.vacate(i);
+        let slot = &slots[i];
+        let mut g = slot.lock();
+        g.reset();
+        g.in_use = true;
+        g.db = scope.db;
+        g.table = scope.table;
+        g.hash = scope.hash;
+        g.key_len = scope.key.len() as u16;
+        g.key[..scope.key.len()].copy_from_slice(scope.key);
+        g.step = step;
+        g.last_used = tick();
+        g.referenced = true;
+        let generation = slot.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        drop(g);
+        slot.key_hash.store(scope.hash, Ordering::Relaxed);
+        // SAFETY: held exclusively.
+        let (index, dbs, state) = unsafe { (&mut *array::<Bucket>(index_at, buckets), &mut *array::<DbBucket>(dbs_at, buckets), &mut *header().dir.get()) };
+        directory::insert(index, scope.hash, i);
+        DbCounts { table: dbs, active: &mut state.active_dbs }.add(scope.db);
+        (i, generation)
+    }
+
+    /// Take slot `i` out of the index and its database's count, emptied
+    /// (generation bumped), if it holds a scope.
+    fn vacate(&mut self, i: usize) {
+        assert!(self.exclusive, "the directory is changed under its exclusive lock");
+        let (slots, n, buckets) = (slots(), header().nslots, self.buckets());
+        let (_, index_at, dbs_at, _, _) = offsets(n);
+        let (in_use, db) = {
+            let g = slots[i].lock();
+            (g.in_use, g.db)
+        };
+        if !in_use {
+            return;
+        }
+        // SAFETY: held exclusively.
+        let (index, dbs, state) = unsafe { (&mut *array::<Bucket>(index_at, buckets), &mut *array::<DbBucket>(dbs_at, buckets), &mut *header().dir.get()) };
+        directory::remove(index, slots[i].key_hash.load(Ordering::Relaxed), i, |j| slots[j].key_hash.load(Ordering::Relaxed));
+        DbCounts { table: dbs, active: &mut state.active_dbs }.take(db);
+        let mut g = slots[i].lock();
+        g.reset();
+        slots[i].generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Empty slot `i` and make it free.
+    fn release(&mut self, i: usize) {
+        let was_in_use = slots()[i].lock().in_use;
+        if !was_in_use {
+            return;
+        }
+        self.vacate(i);
+        let n = header().nslots;
+        // SAFETY: held exclusively.
+        let (state, free) = unsafe { (&mut *header().dir.get(), &mut *array::<u32>(offsets(n).3, n)) };
+        free[state.free_len] = i as u32;
+        state.free_len += 1;
     }
 }
 
@@ -315,12 +506,11 @@ pub fn monotonic_ms() -> u64 {
 /// the directory lock: a later lookup of its scope places it anew, and a
 /// segment reserved for it meanwhile is not installed (generation).
 pub fn empty_slots(pick: impl Fn(&SlotData) -> bool) {
-    let _dir = Directory::lock(true);
-    for slot in slots() {
-        let mut g = slot.lock();
-        if pick(&g) {
-            g.reset();
-            slot.generation.fetch_add(1, Ordering::AcqRel);
+    let mut dir = Directory::lock(true);
+    for (i, slot) in slots().iter().enumerate() {
+        let picked = pick(&slot.lock());
+        if picked {
+            dir.release(i);
         }
     }
 }

@@ -57,12 +57,14 @@ const SLOW_MS: u64 = 30_000;
 /// while someone waits for it.
 const LOCK_TIMEOUT: &std::ffi::CStr = c"10ms";
 
-/// Make sure the worker of `db` runs, and wake it.
-pub fn wake(db: u32) -> Result<(), TicketError> {
+/// Slot `slot` of database `db` asks for a segment: queue it for the
+/// worker of `db`, make sure that runs, and wake it.
+pub fn request(db: u32, slot: usize) -> Result<(), TicketError> {
     for w in &shmem::header().workers {
         if w.db.load(Ordering::Acquire) != db {
             continue;
         }
+        w.push(slot);
         let latch = w.latch.load(Ordering::Acquire);
         if w.pid.load(Ordering::Acquire) != 0 && !latch.is_null() {
             unsafe { pg_sys::SetLatch(latch) };
@@ -103,6 +105,7 @@ fn start(db: u32) -> Result<(), TicketError> {
     };
     w.pid.store(0, Ordering::Release);
     w.latch.store(std::ptr::null_mut(), Ordering::Release);
+    w.clear_queue();
     w.started_at_ms.store(monotonic_ms(), Ordering::Release);
     w.db.store(db, Ordering::Release);
     let launched = BackgroundWorkerBuilder::new(&format!("pg_ticket tickets for database {db}"))
@@ -164,14 +167,14 @@ pub extern "C-unwind" fn ticket_worker_main(arg: pg_sys::Datum) {
     let claimed = {
         let _dir = Directory::lock(true);
         let me = unsafe { pg_sys::MyProcPid };
-        shmem::header().workers.iter().find(|w| w.db.load(Ordering::Acquire) == db && w.pid.load(Ordering::Acquire) == 0).map(|w| {
+        shmem::header().workers.iter().find(|w| w.db.load(Ordering::Acquire) == db && w.pid.load(Ordering::Acquire) == 0).inspect(|w| {
             w.latch.store(unsafe { pg_sys::MyLatch }, Ordering::Release);
             w.pid.store(me, Ordering::Release);
         })
     };
-    if claimed.is_none() {
+    let Some(me) = claimed else {
         return; // another worker serves this database
-    }
+    };
     unsafe { pg_sys::on_shmem_exit(Some(release), pg_sys::Datum::from(db)) };
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(db)), None);
     for (name, value) in [(c"synchronous_commit", c"on"), (c"lock_timeout", LOCK_TIMEOUT)] {
@@ -180,14 +183,16 @@ pub extern "C-unwind" fn ticket_worker_main(arg: pg_sys::Datum) {
         }
     }
     let mut last_work = std::time::Instant::now();
+    // What was asked before this worker started is not in its queue.
+    let mut look_at_every_slot = true;
     loop {
-        if serve(db) {
+        if serve(db, me, std::mem::take(&mut look_at_every_slot)) {
             last_work = std::time::Instant::now();
         } else if last_work.elapsed() > IDLE_EXIT {
             // Leave the registry first, so a request from now on starts a
             // new worker; then serve what was asked just before.
             unsafe { release(0, pg_sys::Datum::from(db)) };
-            serve(db);
+            serve(db, me, false);
             break;
         }
         if !BackgroundWorker::wait_latch(Some(Duration::from_millis(1000))) {
@@ -222,13 +227,19 @@ enum Reserved {
     Busy,
 }
 
-/// One pass: reserve a segment for every slot of this database that asked;
-/// false if none asked.
-fn serve(db: u32) -> bool {
+/// One pass: reserve a segment for every slot of this database that asked
+/// (those in the worker's queue, or, when the queue overflowed or the
+/// worker just started, every slot); false if none asked.
+fn serve(db: u32, me: &shmem::WorkerSlot, look_at_every_slot: bool) -> bool {
     let series = settings::ticket_series();
     let (min, max) = settings::ticket_step_bounds();
+    let slots = shmem::slots();
+    let (queued, overflow) = me.drain();
+    let asked: Box<dyn Iterator<Item = usize>> =
+        if overflow || look_at_every_slot { Box::new(0..slots.len()) } else { Box::new(queued.into_iter()) };
     let mut wanted = Vec::new();
-    for (i, slot) in shmem::slots().iter().enumerate() {
+    for i in asked {
+        let slot = &slots[i];
         let mut request =
             Wanted { slot: i, generation: 0, table: 0, key_len: 0, key: [0; KEY_MAX], step: 0, reserved_to: 0, busy: false };
         {

@@ -1,0 +1,280 @@
+//! The ticket cache's directory (SPEC §7, §13.11), free of PostgreSQL:
+//! which slot holds which scope, and which slot a new scope takes.
+//!
+//! - An open-addressing hash index (linear probing, deletion by backward
+//!   shift) maps a scope's hash to its slot: a lookup costs O(1) expected,
+//!   however many slots there are (0.2.0 scanned every slot, under a lock).
+//! - Free slots are a stack.
+//! - With none free, a CLOCK sweep (second chance: a slot used since the
+//!   hand last passed is spared once) picks a victim, and spares every slot
+//!   of a database holding no more than half its fair share (the slots
+//!   divided by the databases holding any): a flood of new scopes from one
+//!   database evicts its own, and never empties another's cache.
+//! - The slots each database holds are counted in a second open-addressing
+//!   table keyed by database.
+//!
+//! The caller keeps these arrays (shared memory in the server) and holds
+//! the directory lock around every call: shared for `lookup`, exclusive for
+//! the rest. Nothing here allocates, waits or fails.
+
+/// A bucket of the scope index: 0 empty, else slot index + 1.
+pub type Bucket = u32;
+
+/// A bucket of the database table: (database, slots it holds); database 0
+/// marks it empty (no database has oid 0).
+pub type DbBucket = (u32, u32);
+
+/// Buckets for `slots` slots: a power of two, at least twice as many, so
+/// probe sequences stay short.
+pub fn buckets_for(slots: usize) -> usize {
+    (slots * 2).next_power_of_two().max(16)
+}
+
+fn home(hash: u64, len: usize) -> usize {
+    // Fibonacci hashing spreads the scope hash's bits over the table.
+    (hash.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) as usize & (len - 1)
+}
+
+/// The slot holding a scope of `hash` for which `matches(slot)` holds.
+pub fn lookup(index: &[Bucket], hash: u64, mut matches: impl FnMut(usize) -> bool) -> Option<usize> {
+    let mask = index.len() - 1;
+    let mut i = home(hash, index.len());
+    loop {
+        match index[i] {
+            0 => return None,
+            b if matches(b as usize - 1) => return Some(b as usize - 1),
+            _ => i = (i + 1) & mask,
+        }
+    }
+}
+
+/// Index `slot` (holding a scope of `hash`).
+pub fn insert(index: &mut [Bucket], hash: u64, slot: usize) {
+    let mask = index.len() - 1;
+    let mut i = home(hash, index.len());
+    while index[i] != 0 {
+        i = (i + 1) & mask;
+    }
+    index[i] = slot as Bucket + 1;
+}
+
+/// Remove `slot` (holding a scope of `hash`) from the index; `hash_of`
+/// gives the hash of the scope in any other indexed slot (to shift the
+/// entries after it back, so no tombstone lengthens later probes).
+pub fn remove(index: &mut [Bucket], hash: u64, slot: usize, hash_of: impl Fn(usize) -> u64) {
+    let (len, mask) = (index.len(), index.len() - 1);
+    let mut i = home(hash, len);
+    while index[i] != slot as Bucket + 1 {
+        if index[i] == 0 {
+            return;
+        }
+        i = (i + 1) & mask;
+    }
+    let mut hole = i;
+    let mut j = i;
+    loop {
+        j = (j + 1) & mask;
+        if index[j] == 0 {
+            break;
+        }
+        let want = home(hash_of(index[j] as usize - 1), len);
+        // Move j back into the hole unless its home lies cyclically in (hole, j].
+        let stays = if hole <= j { hole < want && want <= j } else { hole < want || want <= j };
+        if !stays {
+            index[hole] = index[j];
+            hole = j;
+        }
+    }
+    index[hole] = 0;
+}
+
+/// The slots each database holds.
+pub struct DbCounts<'a> {
+    pub table: &'a mut [DbBucket],
+    /// Databases holding at least one slot.
+    pub active: &'a mut u32,
+}
+
+impl DbCounts<'_> {
+    fn position(&self, db: u32) -> Result<usize, usize> {
+        let mask = self.table.len() - 1;
+        let mut i = home(u64::from(db), self.table.len());
+        loop {
+            match self.table[i] {
+                (0, _) => return Err(i),
+                (d, _) if d == db => return Ok(i),
+                _ => i = (i + 1) & mask,
+            }
+        }
+    }
+
+    pub fn count(&self, db: u32) -> u32 {
+        self.position(db).map_or(0, |i| self.table[i].1)
+    }
+
+    pub fn add(&mut self, db: u32) {
+        match self.position(db) {
+            Ok(i) => self.table[i].1 += 1,
+            Err(i) => {
+                self.table[i] = (db, 1);
+                *self.active += 1;
+            }
+        }
+    }
+
+    pub fn take(&mut self, db: u32) {
+        let Ok(i) = self.position(db) else { return };
+        if self.table[i].1 > 1 {
+            self.table[i].1 -= 1;
+            return;
+        }
+        *self.active -= 1;
+        // Backward-shift deletion, as in `remove`.
+        let (len, mask) = (self.table.len(), self.table.len() - 1);
+        let mut hole = i;
+        let mut j = i;
+        loop {
+            j = (j + 1) & mask;
+            if self.table[j].0 == 0 {
+                break;
+            }
+            let want = home(u64::from(self.table[j].0), len);
+            let stays = if hole <= j { hole < want && want <= j } else { hole < want || want <= j };
+            if !stays {
+                self.table[hole] = self.table[j];
+                hole = j;
+            }
+        }
+        self.table[hole] = (0, 0);
+    }
+
+    /// Is `db` spared by a sweep for another database: it holds no more
+    /// than half its fair share of `slots`?
+    pub fn spared(&self, db: u32, slots: usize) -> bool {
+        let fair = slots / (*self.active).max(1) as usize;
+        (self.count(db) as usize) * 2 <= fair
+    }
+}
+
+/// What the sweep needs of a slot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SlotView {
+    pub in_use: bool,
+    pub db: u32,
+    /// Used since the hand last passed it.
+    pub referenced: bool,
+}
+
+/// The slot a scope of database `db` takes when none is free: from the
+/// hand on, a slot not in use, else the first that is neither referenced
+/// (`look` clears the bit as the hand passes, its second chance) nor
+/// spared. At most three turns of the hand: after two every bit is clear,
+/// and the spared hold at most half the slots, `db`'s own never spared.
+pub fn sweep(hand: &mut usize, slots: usize, db: u32, counts: &DbCounts<'_>, mut look: impl FnMut(usize) -> SlotView) -> usize {
+    for _ in 0..3 * slots {
+        let i = *hand;
+        *hand = (*hand + 1) % slots;
+        let view = look(i);
+        if !view.in_use {
+            return i;
+        }
+        if view.referenced || (view.db != db && counts.spared(view.db, slots)) {
+            continue;
+        }
+        return i;
+    }
+    // Unreachable by the argument above; any slot keeps the cache working.
+    *hand
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hash(n: u64) -> u64 {
+        n.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ (n << 7)
+    }
+
+    #[test]
+    fn the_index_finds_inserts_and_removes_every_scope() {
+        let slots = 1000;
+        let mut index = vec![0; buckets_for(slots)];
+        let hashes: Vec<u64> = (0..slots as u64).map(|n| if n % 10 == 0 { 42 } else { hash(n) }).collect(); // some collide
+        for (slot, h) in hashes.iter().enumerate() {
+            insert(&mut index, *h, slot);
+        }
+        for (slot, h) in hashes.iter().enumerate() {
+            assert_eq!(lookup(&index, *h, |s| s == slot), Some(slot));
+        }
+        // Remove every third, in an order unlike insertion.
+        for slot in (0..slots).rev().filter(|s| s % 3 == 0) {
+            remove(&mut index, hashes[slot], slot, |s| hashes[s]);
+        }
+        for (slot, h) in hashes.iter().enumerate() {
+            let found = lookup(&index, *h, |s| s == slot);
+            assert_eq!(found, (slot % 3 != 0).then_some(slot), "slot {slot}");
+        }
+        assert_eq!(index.iter().filter(|b| **b != 0).count(), slots - slots.div_ceil(3));
+    }
+
+    #[test]
+    fn database_counts_follow_adds_and_takes() {
+        let mut table = vec![(0, 0); 64];
+        let mut active = 0;
+        let mut counts = DbCounts { table: &mut table, active: &mut active };
+        for db in [5, 6, 5, 7, 5] {
+            counts.add(db);
+        }
+        assert_eq!((counts.count(5), counts.count(6), counts.count(7), *counts.active), (3, 1, 1, 3));
+        counts.take(6);
+        counts.take(5);
+        assert_eq!((counts.count(5), counts.count(6), *counts.active), (2, 0, 2));
+        counts.take(6); // not there: nothing
+        assert_eq!(*counts.active, 2);
+    }
+
+    /// A database flooding new scopes evicts its own and never takes
+    /// another's below half its fair share; every slot is examined at most
+    /// a few times per placement.
+    #[test]
+    fn a_flood_from_one_database_leaves_another_half_its_fair_share() {
+        let slots = 1024;
+        let (mut table, mut active) = (vec![(0, 0); 64], 0);
+        let mut views = vec![SlotView { in_use: false, db: 0, referenced: false }; slots];
+        let mut hand = 0;
+        let mut counts = DbCounts { table: &mut table, active: &mut active };
+        // The victim database caches 300 scopes and keeps using them.
+        let place = |db: u32, views: &mut Vec<SlotView>, counts: &mut DbCounts<'_>, hand: &mut usize| -> usize {
+            let mut examined = 0;
+            let i = sweep(hand, slots, db, counts, |i| {
+                examined += 1;
+                let v = views[i];
+                views[i].referenced = false;
+                v
+            });
+            if views[i].in_use {
+                counts.take(views[i].db);
+            }
+            views[i] = SlotView { in_use: true, db, referenced: true };
+            counts.add(db);
+            examined
+        };
+        for _ in 0..300 {
+            place(1, &mut views, &mut counts, &mut hand);
+        }
+        let mut worst = 0;
+        for round in 0..20_000 {
+            worst = worst.max(place(2, &mut views, &mut counts, &mut hand));
+            if round % 100 == 0 {
+                // The victim's scopes are in use.
+                for v in views.iter_mut().filter(|v| v.db == 1) {
+                    v.referenced = true;
+                }
+            }
+        }
+        let kept = views.iter().filter(|v| v.in_use && v.db == 1).count();
+        assert!(kept >= slots / 2 / 2, "the victim kept {kept} of its 300 scopes");
+        assert_eq!(kept as u32, counts.count(1));
+        assert!(worst <= 3 * slots, "one placement examined {worst} slots");
+    }
+}
