@@ -68,7 +68,7 @@ unsafe extern "C-unwind" fn on_object_access(
     }
     if access == pg_sys::ObjectAccessType::OAT_DROP && class_id == pg_sys::DatabaseRelationId {
         let db = object_id.to_u32();
-        shmem::empty_slots(|g| g.in_use && g.db == db);
+        shmem::empty_database(db);
     }
 }
 
@@ -86,8 +86,10 @@ fn split(key: &[u8]) -> (Name<'_>, Name<'_>) {
 }
 
 fn hash_of(db: u32, table: u32, key: &[u8]) -> u64 {
-    // DefaultHasher::new() has fixed keys: the same in every process.
-    let mut h = std::collections::hash_map::DefaultHasher::new();
+    // Keyed with the cache's secret, the same in every process of this
+    // server's life: names cannot be chosen to collide (SPEC §13.11).
+    let [k0, k1] = shmem::header().hash_key;
+    let mut h = siphasher::sip::SipHasher13::new_with_keys(k0, k1);
     db.hash(&mut h);
     table.hash(&mut h);
     key.hash(&mut h);
@@ -236,7 +238,10 @@ fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
                 if ask && worker::request(scope.db, i).is_err() {
                     // The value is taken: no error now. The next call asks
                     // again, and reports it if nothing is left by then.
-                    slot.lock().requested = false;
+                    let mut g = slot.lock();
+                    if slot.generation.load(Ordering::Acquire) == generation {
+                        g.requested = false;
+                    }
                 }
                 return value;
             }
@@ -255,6 +260,9 @@ fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
                 drop(g);
                 refuse_if_advanced_here(scope.hash, queue, domain);
                 let mut g = slot.lock();
+                if slot.generation.load(Ordering::Acquire) != generation {
+                    continue; // given to another scope meanwhile: look again
+                }
                 g.requested = true;
                 g.waits += 1;
                 drop(g);
@@ -407,7 +415,10 @@ fn ticket_cache() -> TableIterator<
         let mut rows = Vec::new();
         // Slot by slot, each copied out under its spinlock; no directory
         // lock, so reading the view never holds up a backend placing a scope.
-        for slot in shmem::slots() {
+        for (i, slot) in shmem::slots().iter().enumerate() {
+            if i % 4096 == 0 {
+                pgrx::check_for_interrupts!(); // a million slots take a while
+            }
             let copy = {
                 let g = slot.lock();
                 *g

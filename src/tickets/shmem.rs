@@ -43,9 +43,9 @@ use ticket_core::tickets::Cache;
 pub const KEY_MAX: usize = 511;
 /// Databases served at once, one worker each.
 pub const MAX_WORKERS: usize = 32;
-/// Requests a worker's queue holds; past it the worker looks at every slot
-/// once.
-const QUEUE: usize = 256;
+/// Requests a worker's queue holds (a slot once however often it asks);
+/// past it the worker looks at every slot once.
+const QUEUE: usize = 1024;
 const TRANCHE: &CStr = c"pg_ticket_tickets";
 const SHMEM_NAME: &CStr = c"pg_ticket ticket cache";
 
@@ -212,18 +212,27 @@ pub struct WorkerSlot {
 
 impl WorkerSlot {
     fn with_queue<R>(&self, f: impl FnOnce(&Self) -> R) -> R {
+        let mut spins = 0u32;
         while self.queue_spin.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
-            std::hint::spin_loop();
+            spins += 1;
+            if spins % 128 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
         let r = f(self);
         self.queue_spin.store(false, Ordering::Release);
         r
     }
 
-    /// Slot `i` asks for a segment.
+    /// Slot `i` asks for a segment (once in the queue however often).
     pub fn push(&self, i: usize) {
         self.with_queue(|w| {
             let len = w.queue_len.load(Ordering::Relaxed) as usize;
+            if w.queue[..len].iter().any(|q| q.load(Ordering::Relaxed) == i as u32) {
+                return;
+            }
             if len < QUEUE {
                 w.queue[len].store(i as u32, Ordering::Relaxed);
                 w.queue_len.store(len as u32 + 1, Ordering::Relaxed);
@@ -236,22 +245,21 @@ impl WorkerSlot {
     /// What was asked since the last call (sorted, once each), and whether
     /// more was asked than the queue held.
     pub fn drain(&self) -> (Vec<usize>, bool) {
-        let (mut asked, overflow) = self.with_queue(|w| {
+        // Copied out under the spinlock, allocated after it.
+        let mut copy = [0u32; QUEUE];
+        let (len, overflow) = self.with_queue(|w| {
             let len = w.queue_len.swap(0, Ordering::Relaxed) as usize;
-            ((0..len).map(|k| w.queue[k].load(Ordering::Relaxed) as usize).collect::<Vec<_>>(), w.overflow.swap(false, Ordering::Relaxed))
+            for (k, entry) in copy[..len].iter_mut().enumerate() {
+                *entry = w.queue[k].load(Ordering::Relaxed);
+            }
+            (len, w.overflow.swap(false, Ordering::Relaxed))
         });
+        let mut asked: Vec<usize> = copy[..len].iter().map(|&i| i as usize).collect();
         asked.sort_unstable();
         asked.dedup();
         (asked, overflow)
     }
 
-    /// A new worker for this entry: it looks at every slot first.
-    pub fn clear_queue(&self) {
-        self.with_queue(|w| {
-            w.queue_len.store(0, Ordering::Relaxed);
-            w.overflow.store(false, Ordering::Relaxed);
-        });
-    }
 }
 
 /// The directory's scalars (changed under its lock, exclusive).
@@ -265,6 +273,9 @@ struct DirState {
 #[repr(C)]
 pub struct Header {
     pub nslots: usize,
+    /// The key scopes are hashed with, drawn from the secure random source
+    /// when shared memory is made: nobody can compute where a name lands.
+    pub hash_key: [u64; 2],
     pub clock: AtomicU64,
     pub cv: pg_sys::ConditionVariable,
     pub workers: [WorkerSlot; MAX_WORKERS],
@@ -332,6 +343,11 @@ unsafe extern "C-unwind" fn startup() {
             // unlocked), then every slot's data written as empty.
             std::ptr::write_bytes(header as *mut u8, 0, size(NSLOTS));
             (*header).nslots = NSLOTS;
+            let mut key = [0u8; 16];
+            if !pg_sys::pg_strong_random(key.as_mut_ptr().cast(), key.len()) {
+                pgrx::error!("pg_ticket: could not draw the ticket cache's hash key");
+            }
+            (*header).hash_key = [u64::from_le_bytes(key[..8].try_into().unwrap()), u64::from_le_bytes(key[8..].try_into().unwrap())];
             pg_sys::ConditionVariableInit(&mut (*header).cv);
         }
         SHARED = header;
@@ -428,8 +444,9 @@ impl Directory {
         g.key_len = scope.key.len() as u16;
         g.key[..scope.key.len()].copy_from_slice(scope.key);
         g.step = step;
+        // Not marked as used: a scope placed and never used again is the
+        // first to go (and a turn of the hand never finds every slot marked).
         g.last_used = tick();
-        g.referenced = true;
         let generation = slot.generation.fetch_add(1, Ordering::AcqRel) + 1;
         drop(g);
         slot.key_hash.store(scope.hash, Ordering::Relaxed);
@@ -438,6 +455,15 @@ impl Directory {
         directory::insert(index, scope.hash, i);
         DbCounts { table: dbs, active: &mut state.active_dbs }.add(scope.db);
         (i, generation)
+    }
+
+    /// Slots database `db` holds.
+    pub fn slots_of(&mut self, db: u32) -> u32 {
+        assert!(self.exclusive, "read under the exclusive lock");
+        let n = header().nslots;
+        // SAFETY: held exclusively.
+        let (dbs, state) = unsafe { (&mut *array::<DbBucket>(offsets(n).2, self.buckets()), &mut *header().dir.get()) };
+        DbCounts { table: dbs, active: &mut state.active_dbs }.count(db)
     }
 
     /// Take slot `i` out of the index and its database's count, emptied
@@ -507,6 +533,18 @@ pub fn monotonic_ms() -> u64 {
 /// segment reserved for it meanwhile is not installed (generation).
 pub fn empty_slots(pick: impl Fn(&SlotData) -> bool) {
     let mut dir = Directory::lock(true);
+    empty_picked(&mut dir, pick);
+}
+
+/// Empty every slot of database `db`: none to look at if it holds none.
+pub fn empty_database(db: u32) {
+    let mut dir = Directory::lock(true);
+    if dir.slots_of(db) > 0 {
+        empty_picked(&mut dir, |g| g.in_use && g.db == db);
+    }
+}
+
+fn empty_picked(dir: &mut Directory, pick: impl Fn(&SlotData) -> bool) {
     for (i, slot) in slots().iter().enumerate() {
         let picked = pick(&slot.lock());
         if picked {

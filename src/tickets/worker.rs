@@ -71,13 +71,16 @@ pub fn request(db: u32, slot: usize) -> Result<(), TicketError> {
             return Ok(());
         }
         if monotonic_ms().saturating_sub(w.started_at_ms.load(Ordering::Acquire)) < START_GRACE_MS {
-            return Ok(()); // starting; it serves what is requested when it is up
+            return Ok(()); // starting; it serves what is queued when it is up
         }
     }
-    start(db)
+    start(db, slot)
 }
 
-fn start(db: u32) -> Result<(), TicketError> {
+/// Start the worker of `db` for the request of `slot` (put in its queue:
+/// a new worker serves its queue, it does not scan the cache; other slots
+/// that asked before it started ask again while they wait).
+fn start(db: u32, slot: usize) -> Result<(), TicketError> {
     let _dir = Directory::lock(true);
     let workers = &shmem::header().workers;
     // Another backend may have started it, or a dead one be registered.
@@ -105,7 +108,9 @@ fn start(db: u32) -> Result<(), TicketError> {
     };
     w.pid.store(0, Ordering::Release);
     w.latch.store(std::ptr::null_mut(), Ordering::Release);
-    w.clear_queue();
+    // What the entry's queue holds is still asked for (an entry of another
+    // database's: the worker skips those).
+    w.push(slot);
     w.started_at_ms.store(monotonic_ms(), Ordering::Release);
     w.db.store(db, Ordering::Release);
     let launched = BackgroundWorkerBuilder::new(&format!("pg_ticket tickets for database {db}"))
@@ -183,16 +188,14 @@ pub extern "C-unwind" fn ticket_worker_main(arg: pg_sys::Datum) {
         }
     }
     let mut last_work = std::time::Instant::now();
-    // What was asked before this worker started is not in its queue.
-    let mut look_at_every_slot = true;
     loop {
-        if serve(db, me, std::mem::take(&mut look_at_every_slot)) {
+        if serve(db, me) {
             last_work = std::time::Instant::now();
         } else if last_work.elapsed() > IDLE_EXIT {
             // Leave the registry first, so a request from now on starts a
             // new worker; then serve what was asked just before.
             unsafe { release(0, pg_sys::Datum::from(db)) };
-            serve(db, me, false);
+            serve(db, me);
             break;
         }
         if !BackgroundWorker::wait_latch(Some(Duration::from_millis(1000))) {
@@ -228,15 +231,14 @@ enum Reserved {
 }
 
 /// One pass: reserve a segment for every slot of this database that asked
-/// (those in the worker's queue, or, when the queue overflowed or the
-/// worker just started, every slot); false if none asked.
-fn serve(db: u32, me: &shmem::WorkerSlot, look_at_every_slot: bool) -> bool {
+/// (those in the worker's queue, or every slot once the queue overflowed);
+/// false if none asked.
+fn serve(db: u32, me: &shmem::WorkerSlot) -> bool {
     let series = settings::ticket_series();
     let (min, max) = settings::ticket_step_bounds();
     let slots = shmem::slots();
     let (queued, overflow) = me.drain();
-    let asked: Box<dyn Iterator<Item = usize>> =
-        if overflow || look_at_every_slot { Box::new(0..slots.len()) } else { Box::new(queued.into_iter()) };
+    let asked: Box<dyn Iterator<Item = usize>> = if overflow { Box::new(0..slots.len()) } else { Box::new(queued.into_iter()) };
     let mut wanted = Vec::new();
     for i in asked {
         let slot = &slots[i];

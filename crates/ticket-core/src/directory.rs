@@ -7,9 +7,13 @@
 //! - Free slots are a stack.
 //! - With none free, a CLOCK sweep (second chance: a slot used since the
 //!   hand last passed is spared once) picks a victim, and spares every slot
-//!   of a database holding no more than half its fair share (the slots
-//!   divided by the databases holding any): a flood of new scopes from one
-//!   database evicts its own, and never empties another's cache.
+//!   of a database holding no more than `MIN_SPARED` slots or half its fair
+//!   share (the slots divided by the databases holding any), whichever is
+//!   more: a flood of new scopes from one database evicts its own, and
+//!   never empties another's cache — however many databases join in. A
+//!   sweep looks at `WINDOW` slots at most before it settles for a slot
+//!   used lately, and gives up sparing after `SWEEP_MAX`, so no placement
+//!   costs more than that whatever the size of the cache.
 //! - The slots each database holds are counted in a second open-addressing
 //!   table keyed by database.
 //!
@@ -149,12 +153,20 @@ impl DbCounts<'_> {
     }
 
     /// Is `db` spared by a sweep for another database: it holds no more
-    /// than half its fair share of `slots`?
+    /// than `MIN_SPARED` slots, or half its fair share of `slots`?
     pub fn spared(&self, db: u32, slots: usize) -> bool {
-        let fair = slots / (*self.active).max(1) as usize;
-        (self.count(db) as usize) * 2 <= fair
+        let half_fair = slots / (*self.active).max(1) as usize / 2;
+        self.count(db) as usize <= half_fair.max(MIN_SPARED)
     }
 }
+
+/// Slots every database keeps however many others compete (the smallest
+/// cache has 16).
+pub const MIN_SPARED: usize = 16;
+/// Slots a sweep looks at before it settles for one used lately.
+pub const WINDOW: usize = 64;
+/// Slots a sweep looks at before it stops sparing anyone.
+pub const SWEEP_MAX: usize = 4 * WINDOW;
 
 /// What the sweep needs of a slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -166,25 +178,35 @@ pub struct SlotView {
 }
 
 /// The slot a scope of database `db` takes when none is free: from the
-/// hand on, a slot not in use, else the first that is neither referenced
-/// (`look` clears the bit as the hand passes, its second chance) nor
-/// spared. At most three turns of the hand: after two every bit is clear,
-/// and the spared hold at most half the slots, `db`'s own never spared.
+/// hand on, a slot not in use, else the first neither spared nor used since
+/// the hand last passed (`look` clears that bit as the hand passes: its
+/// second chance). After `WINDOW` slots it settles for the first one not
+/// spared; after `SWEEP_MAX` it takes the slot at hand (only when nearly
+/// every slot is spared: more databases than the cache has room to spare).
 pub fn sweep(hand: &mut usize, slots: usize, db: u32, counts: &DbCounts<'_>, mut look: impl FnMut(usize) -> SlotView) -> usize {
-    for _ in 0..3 * slots {
+    let mut fallback = None;
+    let mut last = *hand;
+    for examined in 1..=slots.min(SWEEP_MAX) {
         let i = *hand;
         *hand = (*hand + 1) % slots;
         let view = look(i);
         if !view.in_use {
             return i;
         }
-        if view.referenced || (view.db != db && counts.spared(view.db, slots)) {
-            continue;
+        last = i;
+        if view.db == db || !counts.spared(view.db, slots) {
+            if !view.referenced {
+                return i;
+            }
+            fallback.get_or_insert(i);
         }
-        return i;
+        if examined >= WINDOW {
+            if let Some(i) = fallback {
+                return i;
+            }
+        }
     }
-    // Unreachable by the argument above; any slot keeps the cache working.
-    *hand
+    fallback.unwrap_or(last)
 }
 
 #[cfg(test)]
@@ -275,6 +297,44 @@ mod tests {
         let kept = views.iter().filter(|v| v.in_use && v.db == 1).count();
         assert!(kept >= slots / 2 / 2, "the victim kept {kept} of its 300 scopes");
         assert_eq!(kept as u32, counts.count(1));
-        assert!(worst <= 3 * slots, "one placement examined {worst} slots");
+        assert!(worst <= SWEEP_MAX, "one placement examined {worst} slots");
+    }
+
+    /// Many small databases do not dilute a victim's protection below
+    /// `MIN_SPARED` (with half the fair share alone, 31 databases holding
+    /// a slot each left it nothing).
+    #[test]
+    fn databases_joining_in_leave_every_one_its_minimum() {
+        let slots = 64;
+        let (mut table, mut active) = (vec![(0, 0); 128], 0);
+        let mut views = vec![SlotView { in_use: false, db: 0, referenced: false }; slots];
+        let mut hand = 0;
+        let mut counts = DbCounts { table: &mut table, active: &mut active };
+        let place = |db: u32, views: &mut Vec<SlotView>, counts: &mut DbCounts<'_>, hand: &mut usize| {
+            let i = sweep(hand, slots, db, counts, |i| {
+                let v = views[i];
+                views[i].referenced = false;
+                v
+            });
+            if views[i].in_use {
+                counts.take(views[i].db);
+            }
+            views[i] = SlotView { in_use: true, db, referenced: true };
+            counts.add(db);
+        };
+        for _ in 0..20 {
+            place(1, &mut views, &mut counts, &mut hand);
+        }
+        for round in 0..50u32 {
+            for k in 0..40 {
+                // 40 other databases holding a slot or two each.
+                place(100 + (round * 7 + k) % 40, &mut views, &mut counts, &mut hand);
+            }
+            for _ in 0..100 {
+                place(2, &mut views, &mut counts, &mut hand);
+            }
+        }
+        let kept = views.iter().filter(|v| v.in_use && v.db == 1).count();
+        assert!(kept >= MIN_SPARED, "the victim kept {kept} of its 20 slots");
     }
 }
