@@ -92,8 +92,20 @@ REVOKE ALL ON SEQUENCE pgticket.lease_registry_seen FROM PUBLIC;
 -- vouches for one new to its fleet), and its tokens move past the clock.
 CREATE TRIGGER forward_only BEFORE UPDATE ON pgticket.machine_id_leases
     FOR EACH ROW WHEN (NEW.machine_id IS DISTINCT FROM OLD.machine_id OR NEW.lease < OLD.lease
-                       OR NEW.not_before_ms < OLD.not_before_ms)
+                       OR NEW.not_before_ms < OLD.not_before_ms
+                       -- the same lease: its end, stamps and margin only grow
+                       OR (NEW.lease = OLD.lease AND (NEW.expires_at < OLD.expires_at
+                           OR NEW.last_issued_ms < OLD.last_issued_ms OR (OLD.last_issued_ms IS NOT NULL AND NEW.last_issued_ms IS NULL)
+                           OR NEW.margin_ms < OLD.margin_ms OR (OLD.margin_ms IS NOT NULL AND NEW.margin_ms IS NULL)
+                           OR (OLD.revoked AND NOT NEW.revoked)
+                           OR (OLD.ended_at IS NOT NULL AND NEW.ended_at IS DISTINCT FROM OLD.ended_at)))
+                       -- a new lease stamps above the old one's end plus its margin
+                       OR (NEW.lease > OLD.lease AND NEW.not_before_ms <
+                           (extract(epoch FROM CASE WHEN OLD.revoked THEN OLD.expires_at
+                                                    ELSE LEAST(coalesce(OLD.ended_at, OLD.expires_at), OLD.expires_at) END) * 1000)::bigint
+                           + coalesce(OLD.margin_ms, 0)))
     EXECUTE FUNCTION pgticket.refuse_rewind();
+CREATE UNIQUE INDEX machine_id_leases_lease ON pgticket.machine_id_leases (lease);
 CREATE TRIGGER never_emptied BEFORE DELETE ON pgticket.machine_id_leases
     FOR EACH ROW EXECUTE FUNCTION pgticket.refuse_rewind();
 CREATE TRIGGER never_truncated BEFORE TRUNCATE ON pgticket.machine_id_leases

@@ -421,7 +421,13 @@ pub fn registry_epoch_unix_ms() -> i64 {
     if preloaded() {
         return epoch_unix_ms();
     }
-    match raw_setting(c"pg_ticket.epoch") {
+    // The value the configuration gives (its reset value), not one a
+    // session SET on the placeholder: any role can set a placeholder.
+    let configured = raw_setting(c"pg_ticket.epoch").and_then(|_| {
+        let reset = unsafe { pg_sys::GetConfigOptionResetString(c"pg_ticket.epoch".as_ptr()) };
+        (!reset.is_null()).then(|| unsafe { CStr::from_ptr(reset) }.to_string_lossy().into_owned())
+    });
+    match configured.filter(|text| !text.is_empty()) {
         None => DEFAULT_EPOCH_UNIX_MS,
         Some(text) => parse_epoch_ms(&text).unwrap_or_else(|e| pgrx::error!("pg_ticket.epoch: {e}")),
     }

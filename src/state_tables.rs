@@ -45,6 +45,16 @@ pub struct Tables {
 thread_local! {
     static CACHE: Cell<Option<Tables>> = const { Cell::new(None) };
     static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
+    /// Counts the cache's invalidations: what was checked against the
+    /// tables at one generation is checked again at the next.
+    static GENERATION: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The tables' generation: it moves at every invalidation of any of them
+/// (in this session or any other), and whenever the cache was empty.
+pub fn generation() -> u64 {
+    lookup();
+    GENERATION.get()
 }
 
 /// The tables as they are now; an error if the extension's tables are gone.
@@ -86,7 +96,10 @@ pub fn lookup() -> Option<Tables> {
             "SELECT c.relname::pg_catalog.text, c.oid, c.relowner, EXISTS (SELECT FROM pg_catalog.pg_attribute a \
                       WHERE a.attrelid OPERATOR(pg_catalog.=) c.oid AND a.attname OPERATOR(pg_catalog.=) 'max_mark' \
                         AND NOT a.attisdropped), \
-                    c.relpersistence::pg_catalog.text, c.relnamespace::pg_catalog.regnamespace::pg_catalog.text \
+                    c.relpersistence::pg_catalog.text, c.relnamespace::pg_catalog.regnamespace::pg_catalog.text, \
+                    (SELECT pg_catalog.string_agg(t.tgname::pg_catalog.text, ', ') FROM pg_catalog.pg_trigger t \
+                      WHERE t.tgrelid OPERATOR(pg_catalog.=) c.oid AND t.tgenabled OPERATOR(pg_catalog.<>) 'A' \
+                        AND t.tgname OPERATOR(pg_catalog.=) ANY ('{never_emptied,never_truncated,forward_only,changed}')) \
                FROM pg_catalog.pg_extension e \
                JOIN pg_catalog.pg_depend d ON d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass \
                     AND d.refobjid OPERATOR(pg_catalog.=) e.oid AND d.deptype OPERATOR(pg_catalog.=) 'e' \
@@ -103,7 +116,8 @@ pub fn lookup() -> Option<Tables> {
             let table = Table { oid: row.get(2)?.expect("oid"), owner: row.get(3)?.expect("relowner") };
             let persistence: String = row.get(5)?.unwrap_or_default();
             let schema: String = row.get(6)?.unwrap_or_default();
-            refuse_unfit(&name, &persistence, &schema);
+            let not_always: Option<String> = row.get(7)?;
+            refuse_unfit(&name, &persistence, &schema, not_always.as_deref());
             match name.as_str() {
                 "scoped_counters" => {
                     scoped_counters = Some(table);
@@ -123,14 +137,25 @@ pub fn lookup() -> Option<Tables> {
     })
     .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot look up the state tables: {e}"));
     CACHE.set(found);
+    GENERATION.set(GENERATION.get() + 1);
     found
 }
 
 /// A state table that cannot keep its promise is refused, not used (SPEC
 /// §13.10): an unlogged one loses its marks in a crash (counting from 1
 /// again), and the statements name the schema `pgticket`.
-fn refuse_unfit(table: &str, persistence: &str, schema: &str) {
+fn refuse_unfit(table: &str, persistence: &str, schema: &str, not_always: Option<&str>) {
     use crate::errors::TicketError;
+    if let Some(triggers) = not_always {
+        // pg_restore --disable-triggers enables them again as ORIGIN: a
+        // session with session_replication_role = replica would skip them.
+        TicketError::StateTableUnfit(format!(
+            "pg_ticket: the state table {schema}.{table}'s guard trigger {triggers} is not enabled ALWAYS \
+             (pg_restore --disable-triggers re-enables triggers for origin sessions only); \
+             run ALTER TABLE {schema}.{table} ENABLE ALWAYS TRIGGER <name> for each"
+        ))
+        .raise();
+    }
     if persistence != "p" {
         TicketError::StateTableUnfit(format!(
             "pg_ticket: the state table {schema}.{table} is not a permanent table (a crash would lose its marks); \
@@ -152,6 +177,7 @@ unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid:
         let ours = [Some(t.scoped_counters), Some(t.blocks), t.tickets, t.machine_id_leases, t.id_space];
         if relid == pg_sys::InvalidOid || ours.iter().flatten().any(|table| table.oid == relid) {
             CACHE.set(None);
+            GENERATION.set(GENERATION.get() + 1);
         }
     }
 }

@@ -147,10 +147,17 @@ fn serving(client: &mut SpiClient<'_>, me: Identity) -> Result<Serving, SpiError
     // data-only restore puts back an older sequence even when its rows
     // clash with the ones here): this state is not one the registry can
     // vouch for.
+    // (The next token must be above every one in the table: a sequence
+    // set to the highest one with is_called false, or counting down, would
+    // hand it out again.)
     let tokens_rewound: bool = client
         .select(
-            "SELECT t.last_value OPERATOR(pg_catalog.<) coalesce((SELECT max(lease) FROM pgticket.machine_id_leases), 0) \
-               FROM pgticket.lease_tokens t",
+            "SELECT t.last_value OPERATOR(pg_catalog.<) m.top \
+                    OR (t.last_value OPERATOR(pg_catalog.=) m.top AND NOT t.is_called) \
+                    OR s.seqincrement OPERATOR(pg_catalog.<=) 0 \
+               FROM pgticket.lease_tokens t, pg_catalog.pg_sequence s, \
+                    (SELECT coalesce(max(lease), 0) AS top FROM pgticket.machine_id_leases) m \
+              WHERE s.seqrelid OPERATOR(pg_catalog.=) 'pgticket.lease_tokens'::pg_catalog.regclass",
             None,
             &[],
         )?
@@ -318,6 +325,8 @@ fn record_settings(client: &mut SpiClient<'_>) -> Result<(), SpiError> {
 
 pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
     leases::check_ttl_within(ttl_ms, settings::lease_max_ttl_ms())?;
+    xact::check_writable()?;
+    let epoch_ms = crate::snowflake::registry_epoch_ms()?;
     let margin_ms = settings::lease_margin_ms();
     let allowed = settings::lease_ids()?;
     with_registry(|client| {
@@ -402,7 +411,7 @@ pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
                 lease,
                 not_before_ms,
                 expires_at_ms: leased_at_ms + ttl_ms,
-                epoch_ms: settings::registry_epoch_unix_ms(),
+                epoch_ms,
                 margin_ms,
                 secret,
             }));

@@ -26,6 +26,7 @@ mod lease;
 mod space;
 mod wal;
 pub use lease::{register_worker as register_lease_worker, snapshot as lease_snapshot};
+pub use space::registry_epoch_ms;
 pub use wal::register as register_wal;
 
 /// Relative to the data directory (every backend's working directory), so

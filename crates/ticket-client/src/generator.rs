@@ -56,6 +56,10 @@ struct Held {
 #[derive(Default)]
 struct State {
     lease: Option<Held>,
+    /// The epoch of this generator's first lease: its IDs all share it (a
+    /// registry whose epoch changed would have it stamp those of another
+    /// time).
+    epoch_ms: Option<i64>,
     /// The last stamp of the lease withdrawn last (for its release).
     withdrawn_stamp_ms: Option<i64>,
     stop: bool,
@@ -141,8 +145,12 @@ impl LeasedGenerator {
     pub fn next_id_with_lease(&self) -> Result<(i64, i64), ClientError> {
         let mut st = self.shared.lock();
         let last_error = st.last_error.clone();
+        let first_epoch_ms = st.epoch_ms;
         let Some(held) = st.lease.as_mut() else { return Err(ClientError::NoLease { last_error }) };
         let Published { grant, reckoning, skew } = held.lease;
+        if let Some(first) = first_epoch_ms.filter(|first| *first != grant.epoch_ms) {
+            return Err(ClientError::EpochChanged { first_ms: first, now_ms: grant.epoch_ms });
+        }
         if let Some((skew_ms, allowed_ms)) = skew {
             return Err(ClientError::ClockSkew { skew_ms, allowed_ms });
         }
@@ -193,6 +201,7 @@ impl LeaseHolder for Shared {
 
     fn publish(&self, lease: Published) {
         let mut st = self.lock();
+        st.epoch_ms.get_or_insert(lease.grant.epoch_ms);
         match st.lease.as_mut().filter(|h| h.lease.grant.lease == lease.grant.lease) {
             Some(held) => held.lease = lease,
             None => {

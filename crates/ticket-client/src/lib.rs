@@ -39,6 +39,8 @@ pub enum ClientError {
     ClockSkew { skew_ms: i64, allowed_ms: i64 },
     #[error("this host's wall clock moved {drift_ms} ms against its boot clock since the registry's last reply, more than half pg_ticket.lease_margin ({allowed_ms} ms); no ID is issued until it agrees again")]
     ClockStepped { drift_ms: i64, allowed_ms: i64 },
+    #[error("the registry's epoch is now {now_ms} (Unix ms), not {first_ms} as at this generator's first lease: IDs of the two could collide; no ID is issued")]
+    EpochChanged { first_ms: i64, now_ms: i64 },
     #[error(transparent)]
     Snowflake(#[from] ticket_core::snowflake::SnowflakeError),
     #[error("no block is available for {name:?} (both blocks spent and no new one fetched in {waited_ms} ms{})", last_error_suffix(.last_error))]

@@ -689,6 +689,11 @@ fn a_rewound_token_sequence_holds_off_renewals_record_a_raised_ttl_and_no_grant_
     assert!(rewound < later.lease, "the restore set the sequence back ({rewound} < {})", later.lease);
     let e = lease(&mut db, "c", "2 seconds").unwrap_err();
     assert_eq!(sqlstate(&e), "55000", "a rewound registry holds off: {e:?}");
+    // Review: set to the top token with is_called false, it would hand that
+    // token out again.
+    db.batch_execute("SELECT setval('pgticket.lease_tokens', (SELECT max(lease) FROM pgticket.machine_id_leases), false)").unwrap();
+    let e = lease(&mut db, "c", "2 seconds").unwrap_err();
+    assert_eq!(sqlstate(&e), "55000", "{e:?}");
     renew(&mut db, &later, "2 seconds").expect("and renews what it knows");
     wait_until("the hold-off ends", Duration::from_secs(10), || {
         std::thread::sleep(Duration::from_millis(200));

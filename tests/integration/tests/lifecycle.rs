@@ -24,6 +24,24 @@ fn an_unlogged_state_table_is_refused_until_it_is_logged_again() {
     assert_eq!(db.query_one("SELECT next_scoped_id('u', 'd')", &[]).unwrap().get::<_, i64>(0), 2);
 }
 
+/// Review of #23: pg_restore --disable-triggers enables the guard triggers
+/// again as ORIGIN, and a session with session_replication_role = replica
+/// could then empty the marks; a state table whose guard is not ALWAYS is
+/// refused, saying how to fix it.
+#[test]
+fn a_guard_trigger_not_enabled_always_is_refused_until_it_is_again() {
+    let c = cluster();
+    let mut db = c.fresh_db("l_origin");
+    db.query_one("SELECT * FROM reserve_block('o', 3)", &[]).unwrap();
+    db.batch_execute("ALTER TABLE pgticket.blocks ENABLE TRIGGER never_emptied").unwrap();
+    let err = db.query_one("SELECT * FROM reserve_block('o', 3)", &[]).unwrap_err();
+    assert_eq!(sqlstate(&err), "55000", "{err:?}");
+    assert!(err.as_db_error().unwrap().message().contains("never_emptied is not enabled ALWAYS"), "{err:?}");
+    db.batch_execute("ALTER TABLE pgticket.blocks ENABLE ALWAYS TRIGGER never_emptied").unwrap();
+    let first: i64 = db.query_one("SELECT first_id FROM reserve_block('o', 3)", &[]).unwrap().get(0);
+    assert_eq!(first, 4);
+}
+
 /// Found by review: REVOKE USAGE ON SCHEMA pgticket FROM PUBLIC broke
 /// allocation for ordinary roles (the tables were looked up by name as the
 /// caller); a renamed schema gave XX000 and wrong advice.

@@ -97,3 +97,41 @@ fn an_epoch_changed_after_use_is_refused_at_start_and_a_database_of_another_spac
     admin.query_one("SELECT snowflake_id()", &[]).expect("a database of this server's space stamps");
     other.stop();
 }
+
+/// Review of #23 item 3: the space is recorded at a database's first
+/// snowflake (or lease), not at CREATE EXTENSION — a database that made
+/// none is not refused after an epoch change; a registry leases only in
+/// its database's space (a restarted registry with another epoch leased
+/// holders into it); a pooled session sees a space restored under it.
+#[test]
+fn the_space_is_recorded_at_first_use_and_a_registry_leases_only_in_its_databases() {
+    let c = Cluster::start("settings-space-3", 55522, &["pg_ticket.epoch = '2026-01-01'"]);
+    let mut unused = c.fresh_db("never_stamped");
+    let mut registry = c.fresh_db("registry");
+    let epoch: i64 = registry.query_one("SELECT epoch_ms FROM lease_machine_id('h1', '2 s')", &[]).unwrap().get(0);
+    assert_eq!(epoch, 1_767_225_600_000);
+    let recorded: i64 = unused.query_one("SELECT count(*) FROM pgticket.id_space", &[]).unwrap().get(0);
+    assert_eq!(recorded, 0, "a database that made no snowflake records no space");
+    drop((unused, registry));
+    c.stop();
+    let conf = c.data_dir().join("postgresql.conf");
+    let mut text = std::fs::read_to_string(&conf).unwrap();
+    text.push_str("pg_ticket.epoch = '2026-06-01'\n");
+    std::fs::write(&conf, &text).unwrap();
+    c.up(None); // no snowflake was stamped: no mark to refuse the start
+    let mut unused = c.connect_as("postgres", "never_stamped");
+    unused.query_one("SELECT snowflake_id()", &[]).expect("no space recorded: this server's is");
+    let mut registry = c.connect_as("postgres", "registry");
+    registry.batch_execute("SELECT end_lease_hold_off()").unwrap();
+    let e = registry.query_one("SELECT epoch_ms FROM lease_machine_id('h2', '2 s')", &[]).unwrap_err();
+    assert_eq!(sqlstate(&e), "55000", "a registry set for another epoch leases nothing: {e:?}");
+    // A session that passed the check sees the space change under it.
+    let mut pooled = c.connect_as("postgres", "never_stamped");
+    pooled.query_one("SELECT snowflake_id()", &[]).unwrap();
+    c.connect_as("postgres", "never_stamped")
+        .batch_execute("INSERT INTO pgticket.id_space (epoch_ms, machine_bits) VALUES (1767225600000, 10)")
+        .unwrap();
+    let e = pooled.query_one("SELECT snowflake_id()", &[]).unwrap_err();
+    assert_eq!(sqlstate(&e), "55000", "{e:?}");
+    c.stop();
+}

@@ -59,6 +59,8 @@ SELECT machine_id, holder, state FROM pgticket.machine_leases ORDER BY machine_i
 TRUNCATE pgticket.machine_id_leases;
 DELETE FROM pgticket.machine_id_leases WHERE machine_id = 1;
 UPDATE pgticket.machine_id_leases SET lease = 0 WHERE machine_id = 1;
+UPDATE pgticket.machine_id_leases SET expires_at = expires_at - interval '1 hour' WHERE machine_id = 1;
+UPDATE pgticket.machine_id_leases SET last_issued_ms = 0, revoked = false WHERE machine_id = 1;
 \set VERBOSITY default
 
 -- Each lease has its own secret: 32 hexadecimal digits, kept only hashed.
