@@ -175,9 +175,10 @@ COMMENT ON VIEW pgticket.machine_leases IS
     'Each machine id''s latest lease: holder, fencing token (shown to the registry''s owner only), times, last reported stamp, state';
 
 -- 0.3.0: the snowflake ID space (epoch, machine bits) is recorded with the
--- database's state, so a dump restored onto a server set for another space
--- refuses snowflake_id() there (SPEC §13.10). An updated database records
--- the space of the server it is updated on.
+-- database's state at its first snowflake or lease, so a dump restored onto
+-- a server set for another space refuses snowflake_id() and leases there
+-- (SPEC §13.10). Nothing is recorded by the update: 0.2.0 recorded no
+-- space, and the first use after it records the server's.
 CREATE FUNCTION "snowflake_id_space"() RETURNS TABLE (
 	"epoch_ms" bigint,
 	"machine_bits" INT
@@ -192,7 +193,12 @@ CREATE TABLE pgticket.id_space (
     PRIMARY KEY (epoch_ms, machine_bits, recorded_at)
 );
 COMMENT ON TABLE pgticket.id_space IS
-    'The snowflake ID space (epoch, machine bits) of the IDs made for this database; a server set for another refuses snowflake_id() here';
-INSERT INTO pgticket.id_space (epoch_ms, machine_bits) SELECT epoch_ms, machine_bits FROM snowflake_id_space();
+    'The snowflake ID space (epoch, machine bits) of the IDs made for this database, recorded at the first use; a server set for another refuses snowflake_id() and leases here';
+CREATE FUNCTION pgticket.id_space_changed() RETURNS trigger
+    LANGUAGE c AS 'MODULE_PATHNAME', 'id_space_changed_wrapper';
+CREATE TRIGGER changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgticket.id_space
+    FOR EACH STATEMENT EXECUTE FUNCTION pgticket.id_space_changed();
+ALTER TABLE pgticket.id_space ENABLE ALWAYS TRIGGER changed;
 SELECT pg_catalog.pg_extension_config_dump('pgticket.id_space', '');
 REVOKE ALL ON pgticket.id_space FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgticket.id_space_changed() FROM PUBLIC;
