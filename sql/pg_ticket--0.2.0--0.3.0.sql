@@ -202,3 +202,32 @@ ALTER TABLE pgticket.id_space ENABLE ALWAYS TRIGGER changed;
 SELECT pg_catalog.pg_extension_config_dump('pgticket.id_space', '');
 REVOKE ALL ON pgticket.id_space FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgticket.id_space_changed() FROM PUBLIC;
+
+-- 0.3.0: how many scopes, ticket scopes and block names each role created
+-- (pg_ticket.max_scopes_per_role caps it), in a few rows per role so that
+-- its sessions seldom wait on one another. Not dumped: role ids differ
+-- between clusters, and a restored database counts anew. Rows created
+-- before the update are not counted.
+CREATE TABLE pgticket.scope_quota (
+    role oid NOT NULL,
+    shard integer NOT NULL,
+    scopes bigint NOT NULL,
+    PRIMARY KEY (role, shard)
+);
+REVOKE ALL ON pgticket.scope_quota FROM PUBLIC;
+-- An administrator closes a counter or block name for good, keeping its mark.
+CREATE FUNCTION "retire_block"(
+	"name" text
+) RETURNS bigint
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'retire_block_wrapper';
+CREATE FUNCTION "retire_scope"(
+	"queue" text,
+	"domain" text
+) RETURNS bigint
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'retire_scope_wrapper';
+REVOKE EXECUTE ON FUNCTION retire_scope(text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION retire_block(text) FROM PUBLIC;

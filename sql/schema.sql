@@ -201,3 +201,15 @@ CREATE TRIGGER never_truncated BEFORE TRUNCATE ON pgticket.machine_id_leases
     FOR EACH STATEMENT EXECUTE FUNCTION pgticket.refuse_rewind();
 ALTER TABLE pgticket.machine_id_leases ENABLE ALWAYS TRIGGER forward_only, ENABLE ALWAYS TRIGGER never_emptied,
     ENABLE ALWAYS TRIGGER never_truncated;
+
+-- 0.3.0: how many scopes, ticket scopes and block names each role created
+-- (pg_ticket.max_scopes_per_role caps it), in a few rows per role so that
+-- its sessions seldom wait on one another. Not dumped: role ids differ
+-- between clusters, and a restored database counts anew.
+CREATE TABLE pgticket.scope_quota (
+    role oid NOT NULL,
+    shard integer NOT NULL,
+    scopes bigint NOT NULL,
+    PRIMARY KEY (role, shard)
+);
+REVOKE ALL ON pgticket.scope_quota FROM PUBLIC;

@@ -113,6 +113,26 @@ fn set_block_limit(name: Option<Name<'_>>, max: Option<i64>) -> i64 {
     })
 }
 
+/// Admin: close a scoped counter for good, keeping its mark (its limit
+/// becomes its mark: a later take is 2200H, and the name never counts from
+/// 1 again). The mark.
+#[pg_extern(volatile, parallel_unsafe)]
+fn retire_scope(queue: Option<Name<'_>>, domain: Option<Name<'_>>) -> i64 {
+    postgres_errors_as_raised(|| {
+        let (queue, domain) = scope_args(queue, domain);
+        counters::retire(Kind::Scope, queue, domain).or_raise()
+    })
+}
+
+/// Admin: close a block name for good, keeping its mark. The mark.
+#[pg_extern(volatile, parallel_unsafe)]
+fn retire_block(name: Option<Name<'_>>) -> i64 {
+    postgres_errors_as_raised(|| {
+        let name = name_arg("name", name);
+        counters::retire(Kind::Block, name, NO_NAME).or_raise()
+    })
+}
+
 /// A 64-bit time-ordered ID from this server's shared generator.
 #[pg_extern(volatile, parallel_unsafe)]
 fn snowflake_id() -> i64 {
@@ -158,6 +178,8 @@ REVOKE EXECUTE ON FUNCTION advance_scoped_id(text, text, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION advance_block_mark(text, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION set_scoped_limit(text, text, bigint) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION set_block_limit(text, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION retire_scope(text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION retire_block(text) FROM PUBLIC;
 "#,
     name = "admin_privileges",
     finalize

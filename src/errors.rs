@@ -21,6 +21,8 @@ pub enum TicketError {
     ReadOnly { standby: bool },
     #[error("{0}")]
     BadConfiguration(String),
+    #[error("role {role:?} has created {created} scopes and block names, the most pg_ticket.max_scopes_per_role ({cap}) allows")]
+    TooManyScopes { role: String, created: i64, cap: i64 },
     #[error("{0}() needs pg_ticket in shared_preload_libraries")]
     NotPreloaded(&'static str),
     #[error("cannot allocate IDs after this transaction's marks were written at commit")]
@@ -92,6 +94,7 @@ impl TicketError {
             }
             TicketError::ReadOnly { .. } => ERRCODE_READ_ONLY_SQL_TRANSACTION,
             TicketError::BadConfiguration(_) => ERRCODE_CONFIG_FILE_ERROR,
+            TicketError::TooManyScopes { .. } => ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
         }
     }
 
@@ -112,6 +115,9 @@ impl TicketError {
             }
             TicketError::TooManyEntries(LimitReached::Memory { .. }) => Some("Split the transaction."),
             TicketError::ValueDoesNotFit { .. } => Some("set_scoped_limit() keeps a series within a column's range."),
+            TicketError::TooManyScopes { .. } => Some(
+                "Every scope is a permanent row (its mark outlives any use). A superuser may raise pg_ticket.max_scopes_per_role, or retire scopes no longer used with retire_scope().",
+            ),
             TicketError::NoMachineLease(_) => Some(
                 "This server leases its machine id from pg_ticket.registry; pgticket.status shows the lease and the server log the registry's errors. Other allocators work meanwhile.",
             ),

@@ -14,6 +14,7 @@
 //! - `status`: the `pgticket.status` view and its shared-memory counters.
 //! - `triggers`: `assign_scoped_id()` / `assign_ticket()`, per-row scopes.
 //! - `names`: `text` arguments as the database's bytes (any encoding).
+//! - `quota`: how many scopes each role may create.
 //! - `xact`: what an allocation asks of the transaction (writable, durable).
 //! - `settings`: every `pg_ticket.*` setting, defined and checked once.
 //! - `errors`: every error pg_ticket raises, with its SQLSTATE.
@@ -25,6 +26,7 @@ mod counters;
 mod errors;
 mod leases;
 mod names;
+mod quota;
 mod settings;
 mod snowflake;
 mod state_tables;

@@ -29,6 +29,7 @@ static EPOCH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(S
 static DURABLE_COMMIT: GucSetting<bool> = GucSetting::<bool>::new(true);
 static MAX_TRANSACTION_ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(100_000);
 static MAX_BLOCK_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1_000_000_000);
+static MAX_SCOPES_PER_ROLE: GucSetting<i32> = GucSetting::<i32>::new(1_000_000);
 static MAX_TICKET_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(4);
 static TICKET_CACHE_SCOPES: GucSetting<i32> = GucSetting::<i32>::new(1024);
 static TICKET_STEP_MIN: GucSetting<i32> = GucSetting::<i32>::new(100);
@@ -88,6 +89,16 @@ pub fn init() -> Option<Preloaded> {
         c"A ceiling set by a superuser, so that one role cannot exhaust a block name for everyone in a few calls.",
         &MAX_BLOCK_SIZE,
         1,
+        i32::MAX,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"pg_ticket.max_scopes_per_role",
+        c"Most scopes, ticket scopes and block names one role may create (each is a permanent row); 0: no cap.",
+        c"Superusers and the state tables' owners are not capped. Counted per role in pgticket.scope_quota.",
+        &MAX_SCOPES_PER_ROLE,
+        0,
         i32::MAX,
         GucContext::Suset,
         GucFlags::default(),
@@ -488,6 +499,10 @@ pub fn ticket_step_bounds() -> (i64, i64) {
 
 pub fn ticket_wait_timeout() -> std::time::Duration {
     std::time::Duration::from_millis(TICKET_WAIT_TIMEOUT.get() as u64)
+}
+
+pub fn max_scopes_per_role() -> i64 {
+    i64::from(MAX_SCOPES_PER_ROLE.get())
 }
 
 pub fn max_block_size() -> i64 {

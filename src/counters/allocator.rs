@@ -94,6 +94,11 @@ pub fn advance(kind: Kind, a: Name<'_>, b: Name<'_>, to: i64) -> Result<i64, Tic
 
 /// Set the limit of `(kind, a, b)` (creating it if new); never below its
 /// mark. Returns the limit.
+/// Close a counter at its mark (its limit becomes its mark); the mark.
+pub fn retire(kind: Kind, a: Name<'_>, b: Name<'_>) -> Result<i64, TicketError> {
+    update_row(kind, a, b, Change::Retire).map(|row| row.mark)
+}
+
 pub fn limit(kind: Kind, a: Name<'_>, b: Name<'_>, max: i64) -> Result<i64, TicketError> {
     if max < 0 {
         return Err(CounterError::NegativeMark(max).into());

@@ -14,4 +14,4 @@
 mod allocator;
 mod store;
 
-pub use allocator::{advance, current, limit, take, Kind};
+pub use allocator::{advance, current, limit, retire, take, Kind};

@@ -153,6 +153,9 @@ pub enum Locked {
 /// Lock the row of `(a, b)` (creating it with mark 0 if new) and take `n`
 /// values in the same write. Waits for a transaction that holds the row.
 pub fn lock_and_take(kind: Kind, a: Name<'_>, b: Name<'_>, n: i64) -> Locked {
+    // The caller, before the switch to the tables' owner: a new row counts
+    // against the role that made it (`crate::quota`).
+    let creator = crate::quota::creator();
     with_statements(kind, |client, st| {
         let with_n = args(a, b, kind, &[n]);
         // A few rounds cover "created concurrently between our UPDATE and
@@ -161,13 +164,17 @@ pub fn lock_and_take(kind: Kind, a: Name<'_>, b: Name<'_>, n: i64) -> Locked {
             if let Some(row) = first_row(client, &st.bump, &with_n) {
                 return Locked::Took(row);
             }
-            if let Some(row) = first_row(client, &st.insert, &with_n) {
-                return Locked::Took(row);
-            }
             if let Some(row) = select_mark(client, st, kind, a, b) {
                 if row.mark.checked_add(n).is_none_or(|m| m > row.limit) {
                     return Locked::WouldOverflow(row);
                 }
+                continue; // created since the UPDATE looked: take from it
+            }
+            // A new row: room for it is checked first, and it is counted.
+            crate::quota::check_room(creator).unwrap_or_else(|e| e.raise());
+            if let Some(row) = first_row(client, &st.insert, &with_n) {
+                crate::quota::count(creator);
+                return Locked::Took(row);
             }
         }
         pgrx::error!(

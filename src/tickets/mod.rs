@@ -185,6 +185,9 @@ fn raise(failure: Failure, queue: Name<'_>, domain: Name<'_>) -> ! {
         Failure::Overflow { mark } => {
             TicketError::Tickets(ticket_core::tickets::TicketsError::Overflow { mark, size: 1 }).raise()
         }
+        Failure::TooManyScopes { role, created, cap } => {
+            TicketError::TooManyScopes { role: crate::quota::role_name(pg_sys::Oid::from(role)), created, cap }.raise()
+        }
         Failure::Unavailable => TicketError::TicketsUnavailable(format!(
             "the ticket worker could not reserve tickets for ({:?}, {:?}); see the server log",
             queue.display(),
@@ -251,7 +254,7 @@ fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
                     // emptied (advance_ticket, eviction, restart); a failed
                     // reservation is reported once and tried again by the
                     // next call.
-                    if matches!(failure, Failure::Unavailable | Failure::NotReplicated) {
+                    if matches!(failure, Failure::Unavailable | Failure::NotReplicated | Failure::TooManyScopes { .. }) {
                         g.failure = None;
                     }
                     drop(g);

@@ -56,6 +56,8 @@ const SHMEM_NAME: &CStr = c"pg_ticket ticket cache";
 pub enum Failure {
     OtherSeries { offset: i64, increment: i64 },
     Overflow { mark: i64 },
+    /// A new scope's role created `pg_ticket.max_scopes_per_role` already.
+    TooManyScopes { role: u32, created: i64, cap: i64 },
     /// The reservation failed (the worker logged why).
     Unavailable,
     /// The reservation committed locally but the synchronous standbys did
@@ -89,6 +91,8 @@ pub struct SlotData {
     pub last_used: u64,
     /// Used since the CLOCK hand last passed (its second chance).
     pub referenced: bool,
+    /// The role that placed the scope: a new row counts against it.
+    pub creator: u32,
     /// Unix ms when the last segment was installed (for the step).
     pub installed_at_ms: i64,
     pub refills: u64,
@@ -161,6 +165,7 @@ impl SlotData {
             failure: None,
             last_used: 0,
             referenced: false,
+            creator: 0,
             installed_at_ms: 0,
             refills: 0,
             waits: 0,
@@ -444,6 +449,7 @@ impl Directory {
         g.key_len = scope.key.len() as u16;
         g.key[..scope.key.len()].copy_from_slice(scope.key);
         g.step = step;
+        g.creator = unsafe { pg_sys::GetUserId() }.to_u32();
         // Not marked as used: a scope placed and never used again is the
         // first to go (and a turn of the hand never finds every slot marked).
         g.last_used = tick();

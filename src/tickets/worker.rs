@@ -219,6 +219,8 @@ struct Wanted {
     reserved_to: i64,
     /// Found locked at an earlier pass.
     busy: bool,
+    /// The role that placed the scope (a new row counts against it).
+    creator: u32,
 }
 
 /// What one scope's reservation came to.
@@ -243,7 +245,7 @@ fn serve(db: u32, me: &shmem::WorkerSlot) -> bool {
     for i in asked {
         let slot = &slots[i];
         let mut request =
-            Wanted { slot: i, generation: 0, table: 0, key_len: 0, key: [0; KEY_MAX], step: 0, reserved_to: 0, busy: false };
+            Wanted { slot: i, generation: 0, table: 0, key_len: 0, key: [0; KEY_MAX], step: 0, reserved_to: 0, busy: false, creator: 0 };
         {
             let g = slot.lock();
             if !(g.in_use && g.db == db && g.requested && g.failure.is_none()) {
@@ -256,6 +258,7 @@ fn serve(db: u32, me: &shmem::WorkerSlot) -> bool {
             request.step = g.step;
             request.reserved_to = g.reserved_to;
             request.busy = g.busy;
+            request.creator = g.creator;
         }
         wanted.push(request);
     }
@@ -325,15 +328,18 @@ fn row_of(row: pgrx::spi::SpiTupleTable<'_>) -> Result<Option<(i64, Series)>, pg
     Ok(Some((mark.unwrap_or(0), Series { offset: i64::from(offset.unwrap_or(1)), increment: i64::from(increment.unwrap_or(1)) })))
 }
 
-/// Lock the scope's row (creating it in this server's series) and read
-/// (mark, offset, increment); None if another transaction holds it locked.
+/// Lock the scope's row (creating it in this server's series, counted
+/// against `creator` if given) and read (mark, offset, increment); None if
+/// another transaction holds it locked; Err when `creator` has no room for
+/// a new scope (`crate::quota`).
 fn lock_row(
     client: &mut pgrx::spi::SpiClient<'_>,
     queue: Name<'_>,
     domain: Name<'_>,
     series: Series,
     skip_locked: bool,
-) -> Result<Option<(i64, Series)>, pgrx::spi::Error> {
+    creator: Option<pg_sys::Oid>,
+) -> Result<Result<Option<(i64, Series)>, TicketError>, pgrx::spi::Error> {
     const COLUMNS: &str = "mark, ticket_offset, ticket_increment";
     let skip = if skip_locked { " SKIP LOCKED" } else { "" };
     let select = format!(
@@ -341,7 +347,7 @@ fn lock_row(
          WHERE queue OPERATOR(pg_catalog.=) $1 AND domain OPERATOR(pg_catalog.=) $2 FOR UPDATE{skip}"
     );
     if let Some(found) = row_of(client.update(&select, Some(1), &key_args(queue, domain))?)? {
-        return Ok(Some(found));
+        return Ok(Ok(Some(found)));
     }
     // Not there, or locked by another transaction. A committed row that is
     // locked must not meet an INSERT ... ON CONFLICT, which waits for a
@@ -353,8 +359,11 @@ fn lock_row(
             "SELECT 1 FROM pgticket.tickets WHERE queue OPERATOR(pg_catalog.=) $1 AND domain OPERATOR(pg_catalog.=) $2"
         );
         if !client.update(&exists, Some(1), &key_args(queue, domain))?.is_empty() {
-            return Ok(None);
+            return Ok(Ok(None));
         }
+    }
+    if let Some(Err(e)) = creator.map(crate::quota::check_room) {
+        return Ok(Err(e));
     }
     let mut args = key_args(queue, domain);
     args.push((series.offset as i32).into());
@@ -368,9 +377,14 @@ fn lock_row(
         &args,
     )?;
     match row_of(inserted)? {
-        Some(found) => Ok(Some(found)),
-        None if skip_locked => Ok(None),
-        None => row_of(client.update(&select, Some(1), &key_args(queue, domain))?),
+        Some(found) => {
+            if let Some(creator) = creator {
+                crate::quota::count(creator);
+            }
+            Ok(Ok(Some(found)))
+        }
+        None if skip_locked => Ok(Ok(None)),
+        None => Ok(Ok(row_of(client.update(&select, Some(1), &key_args(queue, domain))?)?)),
     }
 }
 
@@ -390,8 +404,14 @@ fn set_mark(client: &mut pgrx::spi::SpiClient<'_>, queue: Name<'_>, domain: Name
 /// or emptied behind the worker's back never leads to a value again).
 fn reserve_in(client: &mut pgrx::spi::SpiClient<'_>, request: &Wanted, series: Series) -> Result<Reserved, pgrx::spi::Error> {
     let (queue, domain) = split(&request.key[..request.key_len]);
-    let Some((mark, created)) = lock_row(client, queue, domain, series, true)? else {
-        return Ok(Reserved::Busy);
+    let creator = pg_sys::Oid::from(request.creator);
+    let (mark, created) = match lock_row(client, queue, domain, series, true, Some(creator))? {
+        Ok(Some(row)) => row,
+        Ok(None) => return Ok(Reserved::Busy),
+        Err(TicketError::TooManyScopes { created, cap, .. }) => {
+            return Ok(Reserved::Refused(Failure::TooManyScopes { role: request.creator, created, cap }))
+        }
+        Err(e) => e.raise(),
     };
     if let Err(TicketsError::OtherSeries { .. }) = series.check_same(created) {
         return Ok(Reserved::Refused(Failure::OtherSeries { offset: created.offset, increment: created.increment }));
@@ -504,7 +524,8 @@ fn reserve_together(requests: &[Wanted], series: Series) -> Vec<Reserved> {
 pub fn advance_in_table(queue: Name<'_>, domain: Name<'_>, to: i64, floor: i64) -> Result<(), TicketError> {
     let series = settings::ticket_series();
     as_owner_of(state_tables::tickets(), || Spi::connect_mut(|client| -> Result<Result<(), TicketError>, pgrx::spi::Error> {
-        let Some((mark, _)) = lock_row(client, queue, domain, series, false)? else {
+        // An administrator's: not counted against anyone.
+        let Ok(Some((mark, _))) = lock_row(client, queue, domain, series, false, None)? else {
             return Ok(Err(TicketError::TicketsUnavailable(format!(
                 "the row of ({:?}, {:?}) in pgticket.tickets could not be created (a trigger on the table?)",
                 queue.display(),

@@ -61,6 +61,9 @@ pub enum Change {
     AdvanceTo(i64),
     /// Set the limit, never below the mark.
     LimitTo(i64),
+    /// Close the counter: its limit becomes its mark, which it keeps (so
+    /// its name can never count from 1 again).
+    Retire,
 }
 
 impl Change {
@@ -73,6 +76,7 @@ impl Change {
             Change::AdvanceTo(to) => Ok(Mark { mark: to, limit }),
             Change::LimitTo(max) if max < mark => Err(CounterError::LimitBelowMark { what, requested: max, mark }),
             Change::LimitTo(max) => Ok(Mark { mark, limit: max }),
+            Change::Retire => Ok(Mark { mark, limit: mark }),
         }
     }
 
@@ -80,7 +84,7 @@ impl Change {
     pub fn taken_by_lock(self) -> i64 {
         match self {
             Change::Take(n) => n,
-            Change::AdvanceTo(_) | Change::LimitTo(_) => 0,
+            Change::AdvanceTo(_) | Change::LimitTo(_) | Change::Retire => 0,
         }
     }
 }

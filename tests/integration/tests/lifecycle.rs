@@ -208,3 +208,42 @@ fn a_prepared_transaction_holding_a_scope_is_named_in_a_view() {
     let err = c.connect_as("l_viewer", "l_prepared").query("SELECT * FROM pgticket.prepared_holders", &[]).unwrap_err();
     assert_eq!(sqlstate(&err), "42501", "{err:?}");
 }
+
+/// Issue #24 item 5: every new scope, ticket scope or block name is a
+/// permanent row with nobody's name on it, and one role made 100 000 in
+/// seconds. A role creates at most pg_ticket.max_scopes_per_role (a
+/// superuser sets it); one rolled back counts nothing; superusers are not
+/// capped; retire_scope / retire_block close a name keeping its mark.
+#[test]
+fn a_role_creates_at_most_its_cap_of_scopes_and_a_retired_one_never_counts_again() {
+    let c = cluster();
+    let mut admin = c.fresh_db("l_quota");
+    admin.batch_execute("DROP ROLE IF EXISTS quota_user").unwrap();
+    admin.batch_execute("CREATE ROLE quota_user LOGIN").unwrap();
+    admin.batch_execute("ALTER DATABASE l_quota SET pg_ticket.max_scopes_per_role = 5").unwrap();
+    let mut user = c.connect_as("quota_user", "l_quota");
+    user.batch_execute("BEGIN; SELECT next_scoped_id('q', 'rolled back'); ROLLBACK").unwrap();
+    for d in ["d1", "d2", "d3"] {
+        user.query_one("SELECT next_scoped_id('q', $1)", &[&d]).unwrap();
+    }
+    user.query_one("SELECT * FROM reserve_block('quota-block', 1)", &[]).unwrap();
+    user.query_one("SELECT next_ticket('q', 'ticket')", &[]).unwrap();
+    for new_one in ["SELECT next_scoped_id('q', 'd4')", "SELECT first_id FROM reserve_block('quota-block-2', 1)", "SELECT next_ticket('q', 'ticket-2')"] {
+        let e = user.query_one(new_one, &[]).unwrap_err();
+        assert_eq!(sqlstate(&e), "53400", "{new_one}: {e:?}");
+        assert!(e.as_db_error().unwrap().message().contains("\"quota_user\" has created 5"), "{e:?}");
+    }
+    assert_eq!(user.query_one("SELECT next_scoped_id('q', 'd1')", &[]).unwrap().get::<_, i64>(0), 2, "existing scopes go on");
+    admin.query_one("SELECT next_scoped_id('q', 'admin-made')", &[]).expect("superusers are not capped");
+
+    assert_eq!(admin.query_one("SELECT retire_scope('q', 'd1')", &[]).unwrap().get::<_, i64>(0), 2);
+    let e = user.query_one("SELECT next_scoped_id('q', 'd1')", &[]).unwrap_err();
+    assert_eq!(sqlstate(&e), "2200H", "a retired scope takes nothing: {e:?}");
+    let remaining: i64 = admin.query_one("SELECT remaining FROM pgticket.marks WHERE queue = 'q' AND domain = 'd1'", &[]).unwrap().get(0);
+    assert_eq!(remaining, 0);
+    assert_eq!(admin.query_one("SELECT retire_block('quota-block')", &[]).unwrap().get::<_, i64>(0), 1);
+    let e = user.query_one("SELECT * FROM reserve_block('quota-block', 1)", &[]).unwrap_err();
+    assert_eq!(sqlstate(&e), "2200H", "{e:?}");
+    let e = user.query_one("SELECT retire_scope('q', 'd2')", &[]).unwrap_err();
+    assert_eq!(sqlstate(&e), "42501", "retiring is an administrator's: {e:?}");
+}
