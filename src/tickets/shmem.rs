@@ -80,6 +80,9 @@ pub struct SlotData {
     pub step: i64,
     /// A segment was asked for and not yet installed.
     pub requested: bool,
+    /// Counts the asks: the worker answers the ask it read, and one made
+    /// while it reserved stays asked.
+    pub asks: u64,
     /// The scope's row was locked by another transaction at the worker's
     /// last try (it tries again while asked).
     pub busy: bool,
@@ -160,6 +163,7 @@ impl SlotData {
             cache: Cache::default(),
             step: 0,
             requested: false,
+            asks: 0,
             busy: false,
             reserved_to: 0,
             failure: None,

@@ -221,6 +221,8 @@ struct Wanted {
     busy: bool,
     /// The role that placed the scope (a new row counts against it).
     creator: u32,
+    /// The slot's ask count when the request was read.
+    asks: u64,
 }
 
 /// What one scope's reservation came to.
@@ -245,7 +247,7 @@ fn serve(db: u32, me: &shmem::WorkerSlot) -> bool {
     for i in asked {
         let slot = &slots[i];
         let mut request =
-            Wanted { slot: i, generation: 0, table: 0, key_len: 0, key: [0; KEY_MAX], step: 0, reserved_to: 0, busy: false, creator: 0 };
+            Wanted { slot: i, generation: 0, table: 0, key_len: 0, key: [0; KEY_MAX], step: 0, reserved_to: 0, busy: false, creator: 0, asks: 0 };
         {
             let g = slot.lock();
             if !(g.in_use && g.db == db && g.requested && g.failure.is_none()) {
@@ -259,6 +261,7 @@ fn serve(db: u32, me: &shmem::WorkerSlot) -> bool {
             request.reserved_to = g.reserved_to;
             request.busy = g.busy;
             request.creator = g.creator;
+            request.asks = g.asks;
         }
         wanted.push(request);
     }
@@ -296,7 +299,11 @@ fn install(requests: &[Wanted], results: Vec<Reserved>, (min, max): (i64, i64)) 
         // Answered either way; a busy scope is asked again by a backend
         // still waiting for it (so one nobody waits for does not keep the
         // worker busy).
-        g.requested = false;
+        // An ask made while this one was reserved stays asked (it is in the
+        // worker's queue again).
+        if g.asks == request.asks {
+            g.requested = false;
+        }
         g.busy = matches!(reserved, Reserved::Busy);
         match reserved {
             Reserved::Segment(segment) => {
