@@ -21,6 +21,9 @@ pub enum TicketError {
     ReadOnly { standby: bool },
     #[error("{0}")]
     BadConfiguration(String),
+    /// An error about one scope or block, naming it.
+    #[error("{scope}: {error}")]
+    InScope { scope: String, error: Box<TicketError> },
     #[error("role {role:?} has created {created} scopes and block names, the most pg_ticket.max_scopes_per_role ({cap}) allows")]
     TooManyScopes { role: String, created: i64, cap: i64 },
     #[error("{0}() needs pg_ticket in shared_preload_libraries")]
@@ -94,6 +97,7 @@ impl TicketError {
             }
             TicketError::ReadOnly { .. } => ERRCODE_READ_ONLY_SQL_TRANSACTION,
             TicketError::BadConfiguration(_) => ERRCODE_CONFIG_FILE_ERROR,
+            TicketError::InScope { error, .. } => return error.sqlstate(),
             TicketError::TooManyScopes { .. } => ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
         }
     }
@@ -116,7 +120,7 @@ impl TicketError {
             TicketError::TooManyEntries(LimitReached::Memory { .. }) => Some("Split the transaction."),
             TicketError::ValueDoesNotFit { .. } => Some("set_scoped_limit() keeps a series within a column's range."),
             TicketError::TooManyScopes { .. } => Some(
-                "Every scope is a permanent row (its mark outlives any use). A superuser may raise pg_ticket.max_scopes_per_role, or retire scopes no longer used with retire_scope().",
+                "Every scope and block name is a permanent row (its mark outlives any use), counted for the role that made it in this database. A superuser may raise pg_ticket.max_scopes_per_role (for a role: ALTER ROLE ... SET); existing scopes go on.",
             ),
             TicketError::NoMachineLease(_) => Some(
                 "This server leases its machine id from pg_ticket.registry; pgticket.status shows the lease and the server log the registry's errors. Other allocators work meanwhile.",
@@ -124,6 +128,7 @@ impl TicketError {
             TicketError::Lease(LeaseError::NoneFree { .. }) => {
                 Some("Release ids no longer used, let dead holders' leases expire, or widen pg_ticket.lease_ids.")
             }
+            TicketError::InScope { error, .. } => error.hint(),
             _ => None,
         }
     }

@@ -49,6 +49,8 @@ static PRELOADED: AtomicBool = AtomicBool::new(false);
 /// `pg_ticket.lease_ids` in the configuration did not parse when this
 /// backend loaded the library (until a reload assigns a good one).
 static LEASE_IDS_REFUSED: AtomicBool = AtomicBool::new(false);
+/// `pg_ticket.machine_id` was left at its default (0).
+static MACHINE_ID_DEFAULT: AtomicBool = AtomicBool::new(false);
 static EPOCH_UNIX_MS: AtomicI64 = AtomicI64::new(DEFAULT_EPOCH_UNIX_MS);
 static MACHINE: AtomicI64 = AtomicI64::new(0);
 static TICKET_SERIES: AtomicI64 = AtomicI64::new(1 << 32 | 1);
@@ -162,7 +164,15 @@ pub fn init() -> Option<Preloaded> {
     }
 
     let machine_id = match raw_setting(c"pg_ticket.machine_id") {
-        None => MachineId::Fixed(0),
+        None => {
+            // Not an error (an update must not stop a running server), but
+            // two servers of one keyspace both on 0 would share IDs.
+            MACHINE_ID_DEFAULT.store(true, Ordering::Relaxed);
+            pgrx::warning!(
+                "pg_ticket.machine_id is not set: snowflake_id() stamps machine id 0; every server issuing snowflakes into one keyspace needs its own (set 0-1023, or -1 to lease one from pg_ticket.registry)"
+            );
+            MachineId::Fixed(0)
+        }
         Some(text) => parse_machine_id(&text).unwrap_or_else(|e| pgrx::error!("pg_ticket.machine_id: {e}")),
     };
     if machine_id == MachineId::Leased && raw_setting(c"pg_ticket.registry").is_none_or(|r| r.trim().is_empty()) {
@@ -458,6 +468,15 @@ pub fn preloaded() -> bool {
 
 pub fn epoch_unix_ms() -> i64 {
     EPOCH_UNIX_MS.load(Ordering::Relaxed)
+}
+
+/// Where the machine id comes from, for `pgticket.status`.
+pub fn machine_id_source() -> &'static str {
+    match machine_id() {
+        MachineId::Leased => "leased",
+        MachineId::Fixed(_) if MACHINE_ID_DEFAULT.load(Ordering::Relaxed) => "default",
+        MachineId::Fixed(_) => "configured",
+    }
 }
 
 pub fn machine_id() -> MachineId {

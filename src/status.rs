@@ -84,11 +84,12 @@ fn ticket_status() -> TableIterator<
         name!(reset_at, Option<TimestampWithTimeZone>),
         name!(machine_lease, Option<i64>),
         name!(machine_lease_expires_at, Option<TimestampWithTimeZone>),
+        name!(machine_id_source, Option<&'static str>),
     ),
 > {
     postgres_errors_as_raised(|| {
         if !settings::preloaded() {
-            return TableIterator::once((false, None, None, None, None, None, None, None, None, None, None, None, None, None, None));
+            return TableIterator::once((false, None, None, None, None, None, None, None, None, None, None, None, None, None, None, None));
         }
         let epoch = settings::epoch_unix_ms();
         let activity = snowflake::activity();
@@ -123,6 +124,7 @@ fn ticket_status() -> TableIterator<
             (reset_at != 0).then(|| timestamp(reset_at)).flatten(),
             lease.and_then(|(token, _)| token),
             lease.and_then(|(_, expires)| timestamp(expires)),
+            Some(settings::machine_id_source()),
         ))
     })
 }

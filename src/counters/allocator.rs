@@ -92,13 +92,13 @@ pub fn advance(kind: Kind, a: Name<'_>, b: Name<'_>, to: i64) -> Result<i64, Tic
     update_mark(kind, a, b, Change::AdvanceTo(to))
 }
 
-/// Set the limit of `(kind, a, b)` (creating it if new); never below its
-/// mark. Returns the limit.
 /// Close a counter at its mark (its limit becomes its mark); the mark.
 pub fn retire(kind: Kind, a: Name<'_>, b: Name<'_>) -> Result<i64, TicketError> {
     update_row(kind, a, b, Change::Retire).map(|row| row.mark)
 }
 
+/// Set the limit of `(kind, a, b)` (creating it if new); never below its
+/// mark. Returns the limit.
 pub fn limit(kind: Kind, a: Name<'_>, b: Name<'_>, max: i64) -> Result<i64, TicketError> {
     if max < 0 {
         return Err(CounterError::NegativeMark(max).into());
@@ -122,7 +122,22 @@ fn update_mark(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> Result<i
     update_row(kind, a, b, change).map(|row| row.mark)
 }
 
+/// A counter's refusal names its scope or block (as `nextval` names its
+/// sequence): one INSERT may number rows of many.
 fn update_row(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> Result<Mark, TicketError> {
+    update_row_unnamed(kind, a, b, change).map_err(|e| match e {
+        TicketError::Counter(_) => TicketError::InScope {
+            scope: match kind {
+                Kind::Scope => format!("scope ({:?}, {:?})", a.display(), b.display()),
+                Kind::Block => format!("block {:?}", a.display()),
+            },
+            error: Box::new(e),
+        },
+        other => other,
+    })
+}
+
+fn update_row_unnamed(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> Result<Mark, TicketError> {
     xact::check_writable()?;
     let subxact = unsafe { pg_sys::GetCurrentSubTransactionId() };
     let table = kind.table(&state_tables::current()).oid;
@@ -195,7 +210,7 @@ fn flush_marks() {
     if settings::durable_commit() {
         xact::make_commit_durable();
     }
-    if dirty.is_empty() {
+    if dirty.is_empty() && !crate::quota::pending() {
         return;
     }
     // Pre-commit runs after the last statement's snapshot was released.
@@ -213,6 +228,7 @@ fn flush_marks() {
                 store::write(kind, a, b, *row);
             }
         }
+        crate::quota::flush();
     }
     unsafe { pg_sys::PopActiveSnapshot() };
 }
@@ -223,6 +239,7 @@ fn forget_all() {
         s.marks.clear();
         s.flushed = false;
     });
+    crate::quota::forget();
 }
 
 #[pg_guard]
@@ -258,4 +275,9 @@ unsafe extern "C-unwind" fn on_subxact_event(
             _ => {}
         }
     });
+    match event {
+        pg_sys::SubXactEvent::SUBXACT_EVENT_COMMIT_SUB => crate::quota::on_subxact_commit(my_subid, parent_subid),
+        pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB => crate::quota::on_subxact_abort(my_subid),
+        _ => {}
+    }
 }

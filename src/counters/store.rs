@@ -170,10 +170,11 @@ pub fn lock_and_take(kind: Kind, a: Name<'_>, b: Name<'_>, n: i64) -> Locked {
                 }
                 continue; // created since the UPDATE looked: take from it
             }
-            // A new row: room for it is checked first, and it is counted.
+            // A new row: room for it is checked first, and it is counted
+            // (at the transaction's pre-commit, `crate::quota`).
             crate::quota::check_room(creator).unwrap_or_else(|e| e.raise());
             if let Some(row) = first_row(client, &st.insert, &with_n) {
-                crate::quota::count(creator);
+                crate::quota::created(creator);
                 return Locked::Took(row);
             }
         }

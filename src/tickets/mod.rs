@@ -182,9 +182,11 @@ fn raise(failure: Failure, queue: Name<'_>, domain: Name<'_>) -> ! {
             increment: series.increment,
         })
         .raise(),
-        Failure::Overflow { mark } => {
-            TicketError::Tickets(ticket_core::tickets::TicketsError::Overflow { mark, size: 1 }).raise()
+        Failure::Overflow { mark } => TicketError::InScope {
+            scope: format!("ticket scope ({:?}, {:?})", queue.display(), domain.display()),
+            error: Box::new(TicketError::Tickets(ticket_core::tickets::TicketsError::Overflow { mark, size: 1 })),
         }
+        .raise(),
         Failure::TooManyScopes { role, created, cap } => {
             TicketError::TooManyScopes { role: crate::quota::role_name(pg_sys::Oid::from(role)), created, cap }.raise()
         }
@@ -250,6 +252,12 @@ fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
                 return value;
             }
             Take::Empty => {
+                if let Some(Failure::TooManyScopes { role, .. }) = g.failure {
+                    if role != crate::quota::creator().to_u32() {
+                        // Another role's refusal: this one asks for itself.
+                        g.failure = None;
+                    }
+                }
                 if let Some(failure) = g.failure {
                     // A series or overflow refusal stands until the slot is
                     // emptied (advance_ticket, eviction, restart); a failed
@@ -270,6 +278,9 @@ fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
                 g.requested = true;
                 g.asks += 1;
                 g.waits += 1;
+                // A new row would be this role's: checked and counted for it.
+                g.creator = crate::quota::creator().to_u32();
+                g.creator_cap = crate::quota::session_cap();
                 drop(g);
                 crate::status::count_ticket_wait();
                 worker::request(scope.db, i).or_raise();

@@ -94,8 +94,10 @@ pub struct SlotData {
     pub last_used: u64,
     /// Used since the CLOCK hand last passed (its second chance).
     pub referenced: bool,
-    /// The role that placed the scope: a new row counts against it.
+    /// The role that last asked with nothing cached, and the cap it runs
+    /// under: a new row is checked and counted for it.
     pub creator: u32,
+    pub creator_cap: i64,
     /// Unix ms when the last segment was installed (for the step).
     pub installed_at_ms: i64,
     pub refills: u64,
@@ -170,6 +172,7 @@ impl SlotData {
             last_used: 0,
             referenced: false,
             creator: 0,
+            creator_cap: 0,
             installed_at_ms: 0,
             refills: 0,
             waits: 0,
@@ -453,7 +456,8 @@ impl Directory {
         g.key_len = scope.key.len() as u16;
         g.key[..scope.key.len()].copy_from_slice(scope.key);
         g.step = step;
-        g.creator = unsafe { pg_sys::GetUserId() }.to_u32();
+        g.creator = crate::quota::creator().to_u32();
+        g.creator_cap = crate::quota::session_cap();
         // Not marked as used: a scope placed and never used again is the
         // first to go (and a turn of the hand never finds every slot marked).
         g.last_used = tick();

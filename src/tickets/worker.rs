@@ -219,8 +219,9 @@ struct Wanted {
     reserved_to: i64,
     /// Found locked at an earlier pass.
     busy: bool,
-    /// The role that placed the scope (a new row counts against it).
+    /// The role a new row would count against, and its cap.
     creator: u32,
+    creator_cap: i64,
     /// The slot's ask count when the request was read.
     asks: u64,
 }
@@ -247,7 +248,7 @@ fn serve(db: u32, me: &shmem::WorkerSlot) -> bool {
     for i in asked {
         let slot = &slots[i];
         let mut request =
-            Wanted { slot: i, generation: 0, table: 0, key_len: 0, key: [0; KEY_MAX], step: 0, reserved_to: 0, busy: false, creator: 0, asks: 0 };
+            Wanted { slot: i, generation: 0, table: 0, key_len: 0, key: [0; KEY_MAX], step: 0, reserved_to: 0, busy: false, creator: 0, creator_cap: 0, asks: 0 };
         {
             let g = slot.lock();
             if !(g.in_use && g.db == db && g.requested && g.failure.is_none()) {
@@ -261,6 +262,7 @@ fn serve(db: u32, me: &shmem::WorkerSlot) -> bool {
             request.reserved_to = g.reserved_to;
             request.busy = g.busy;
             request.creator = g.creator;
+            request.creator_cap = g.creator_cap;
             request.asks = g.asks;
         }
         wanted.push(request);
@@ -345,7 +347,7 @@ fn lock_row(
     domain: Name<'_>,
     series: Series,
     skip_locked: bool,
-    creator: Option<pg_sys::Oid>,
+    creator: Option<(pg_sys::Oid, i64)>,
 ) -> Result<Result<Option<(i64, Series)>, TicketError>, pgrx::spi::Error> {
     const COLUMNS: &str = "mark, ticket_offset, ticket_increment";
     let skip = if skip_locked { " SKIP LOCKED" } else { "" };
@@ -369,7 +371,7 @@ fn lock_row(
             return Ok(Ok(None));
         }
     }
-    if let Some(Err(e)) = creator.map(crate::quota::check_room) {
+    if let Some(Err(e)) = creator.map(|(role, cap)| crate::quota::check_room_for(role, cap)) {
         return Ok(Err(e));
     }
     let mut args = key_args(queue, domain);
@@ -385,8 +387,8 @@ fn lock_row(
     )?;
     match row_of(inserted)? {
         Some(found) => {
-            if let Some(creator) = creator {
-                crate::quota::count(creator);
+            if let Some((role, cap)) = creator {
+                crate::quota::count_now(role, cap);
             }
             Ok(Ok(Some(found)))
         }
@@ -411,7 +413,7 @@ fn set_mark(client: &mut pgrx::spi::SpiClient<'_>, queue: Name<'_>, domain: Name
 /// or emptied behind the worker's back never leads to a value again).
 fn reserve_in(client: &mut pgrx::spi::SpiClient<'_>, request: &Wanted, series: Series) -> Result<Reserved, pgrx::spi::Error> {
     let (queue, domain) = split(&request.key[..request.key_len]);
-    let creator = pg_sys::Oid::from(request.creator);
+    let creator = (pg_sys::Oid::from(request.creator), request.creator_cap);
     let (mark, created) = match lock_row(client, queue, domain, series, true, Some(creator))? {
         Ok(Some(row)) => row,
         Ok(None) => return Ok(Reserved::Busy),

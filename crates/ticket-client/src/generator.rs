@@ -28,21 +28,33 @@ use crate::ClientError;
 use ticket_core::leases::{check_ttl, StampRefusal};
 use ticket_core::snowflake::{self, MarkStore, SharedState, SnowflakeError};
 
-#[derive(Debug, Clone)]
+/// What a `LeasedGenerator` needs. Deserializes from configuration files
+/// (serde), durations in human form: `ttl = "60s"`, `"500ms"`, `"10 min"`.
+#[derive(Debug, Clone, serde::Deserialize)]
 pub struct GeneratorConfig {
-    /// libpq-style connection string of the registry database.
+    /// libpq connection string or URI of the registry database.
     pub dsn: String,
     /// Shown in `pgticket.machine_leases` (host and process, say).
     pub holder: String,
     /// 1 s .. 1 day (and at most the registry's `pg_ticket.lease_max_ttl`).
+    #[serde(default = "default_ttl", with = "crate::duration")]
     pub ttl: Duration,
     /// Pause between failed calls to the registry.
+    #[serde(default = "default_retry", with = "crate::duration")]
     pub retry_interval: Duration,
+}
+
+fn default_ttl() -> Duration {
+    Duration::from_secs(60)
+}
+
+fn default_retry() -> Duration {
+    Duration::from_millis(500)
 }
 
 impl GeneratorConfig {
     pub fn new(dsn: impl Into<String>, holder: impl Into<String>) -> Self {
-        GeneratorConfig { dsn: dsn.into(), holder: holder.into(), ttl: Duration::from_secs(60), retry_interval: Duration::from_millis(500) }
+        GeneratorConfig { dsn: dsn.into(), holder: holder.into(), ttl: default_ttl(), retry_interval: default_retry() }
     }
 }
 
@@ -107,7 +119,7 @@ impl LeasedGenerator {
     /// (`NoLease`) until a lease is held — see [`wait_for_lease`](Self::wait_for_lease).
     pub fn start(config: GeneratorConfig) -> Result<Self, ClientError> {
         let ttl_ms = i64::try_from(config.ttl.as_millis()).unwrap_or(i64::MAX);
-        check_ttl(ttl_ms).map_err(|e| ClientError::NoLease { last_error: Some(e.to_string()) })?;
+        check_ttl(ttl_ms).map_err(|e| ClientError::InvalidConfig(format!("ttl: {e}")))?;
         let shared = Arc::new(Shared { config, state: Mutex::new(State::default()), changed: Condvar::new() });
         let thread_shared = Arc::clone(&shared);
         let renewer = std::thread::Builder::new()

@@ -17,9 +17,15 @@
 //! - `connect`: connections through libpq, every wait bounded.
 //! - `generator`, `pool`: the two allocators.
 
+// Shared with the pg_ticket server's own lease worker, which runs the same
+// protocol code; not part of this crate's API.
+#[doc(hidden)]
 pub mod clock;
+#[doc(hidden)]
 pub mod connect;
+mod duration;
 mod generator;
+#[doc(hidden)]
 pub mod keeper;
 mod pool;
 mod registry;
@@ -27,10 +33,17 @@ mod registry;
 pub use generator::{GeneratorConfig, LeasedGenerator};
 pub use pool::{BlockPool, PoolConfig, PoolStats};
 pub use registry::Grant;
+/// Reading IDs back: the layout is the server's `snowflake_id()`'s.
+pub use ticket_core::snowflake::{decompose, IdSpace, Parts, SnowflakeError};
 
 /// Everything the client refuses with. No variant ever comes with an ID.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ClientError {
+    /// A configuration value outside what the protocol allows (a ttl, a
+    /// block size): nothing was started.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
     #[error("no machine-id lease is held (waiting for the registry{})", last_error_suffix(.last_error))]
     NoLease { last_error: Option<String> },
     #[error("the lease of machine id {machine_id} may have ended by this process's reckoning (no renewal within its ttl); no ID is issued until it is renewed or a new lease is held")]
@@ -49,4 +62,29 @@ pub enum ClientError {
 
 fn last_error_suffix(e: &Option<String>) -> String {
     e.as_ref().map(|e| format!("; last error: {e}")).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn configurations_read_from_files_and_stats_write_for_metrics() {
+        let g: GeneratorConfig = serde_json::from_str(r#"{"dsn": "host=db1 dbname=ids", "holder": "web-7", "ttl": "30s"}"#).unwrap();
+        assert_eq!((g.ttl, g.retry_interval), (std::time::Duration::from_secs(30), std::time::Duration::from_millis(500)));
+        let p: PoolConfig = serde_json::from_str(r#"{"dsn": "host=db1", "name": "orders", "block_size": 1000, "call_timeout": "2 min"}"#).unwrap();
+        assert_eq!((p.block_size, p.call_timeout, p.wait_timeout), (1000, std::time::Duration::from_secs(120), std::time::Duration::from_secs(5)));
+        let bad = serde_json::from_str::<GeneratorConfig>(r#"{"dsn": "x", "holder": "y", "ttl": "soon"}"#).unwrap_err();
+        assert!(bad.to_string().contains("not a duration"), "{bad}");
+        let stats = serde_json::to_value(PoolStats { blocks_reserved: 2, ..PoolStats::default() }).unwrap();
+        assert_eq!(stats["blocks_reserved"], 2);
+    }
+
+    #[test]
+    fn a_bad_configuration_is_an_error_of_its_own() {
+        let mut config = GeneratorConfig::new("host=/nowhere", "x");
+        config.ttl = std::time::Duration::from_millis(10);
+        assert!(matches!(LeasedGenerator::start(config), Err(ClientError::InvalidConfig(_))));
+        assert!(matches!(BlockPool::start(PoolConfig::new("host=/nowhere", "x", 0)), Err(ClientError::InvalidConfig(_))));
+    }
 }

@@ -29,20 +29,43 @@ use std::time::{Duration, Instant};
 use crate::connect::{reuse_or_connect, CallError, Conn};
 use crate::ClientError;
 
-#[derive(Debug, Clone)]
+/// What a `BlockPool` needs. Deserializes from configuration files
+/// (serde), durations in human form (`wait_timeout = "5s"`).
+#[derive(Debug, Clone, serde::Deserialize)]
 pub struct PoolConfig {
+    /// libpq connection string or URI of the database.
     pub dsn: String,
     /// The block counter's name (`reserve_block(name, size)`).
     pub name: String,
     pub block_size: i64,
     /// How long `next_id` waits for a block when both are spent.
+    #[serde(default = "defaults::wait_timeout", with = "crate::duration")]
     pub wait_timeout: Duration,
     /// Pause between failed calls to the database.
+    #[serde(default = "defaults::retry_interval", with = "crate::duration")]
     pub retry_interval: Duration,
     /// How often an idle pool checks its blocks against the mark.
+    #[serde(default = "defaults::check_interval", with = "crate::duration")]
     pub check_interval: Duration,
     /// The longest a call to the database may take.
+    #[serde(default = "defaults::call_timeout", with = "crate::duration")]
     pub call_timeout: Duration,
+}
+
+mod defaults {
+    use std::time::Duration;
+    pub fn wait_timeout() -> Duration {
+        Duration::from_secs(5)
+    }
+    pub fn retry_interval() -> Duration {
+        Duration::from_millis(200)
+    }
+    pub fn check_interval() -> Duration {
+        Duration::from_secs(1)
+    }
+    pub fn call_timeout() -> Duration {
+        Duration::from_secs(10)
+    }
 }
 
 impl PoolConfig {
@@ -51,16 +74,17 @@ impl PoolConfig {
             dsn: dsn.into(),
             name: name.into(),
             block_size,
-            wait_timeout: Duration::from_secs(5),
-            retry_interval: Duration::from_millis(200),
-            check_interval: Duration::from_secs(1),
-            call_timeout: Duration::from_secs(10),
+            wait_timeout: defaults::wait_timeout(),
+            retry_interval: defaults::retry_interval(),
+            check_interval: defaults::check_interval(),
+            call_timeout: defaults::call_timeout(),
         }
     }
 }
 
 /// What the pool has done, for monitoring and tests.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(serde::Serialize)]
 pub struct PoolStats {
     pub blocks_reserved: u64,
     /// Reservations whose reply was lost (the range is a gap).
@@ -116,11 +140,7 @@ pub struct BlockPool {
 
 impl BlockPool {
     pub fn start(config: PoolConfig) -> Result<Self, ClientError> {
-        ticket_core::counter::check_block_size(config.block_size).map_err(|e| ClientError::BlocksExhausted {
-            name: config.name.clone(),
-            waited_ms: 0,
-            last_error: Some(e.to_string()),
-        })?;
+        ticket_core::counter::check_block_size(config.block_size).map_err(|e| ClientError::InvalidConfig(e.to_string()))?;
         let shared = Arc::new(Shared { config, state: Mutex::new(State::default()), changed: Condvar::new() });
         let thread_shared = Arc::clone(&shared);
         let fetcher = std::thread::Builder::new()

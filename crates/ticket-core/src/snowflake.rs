@@ -60,15 +60,15 @@ pub enum SnowflakeError {
     DamagedMark { location: String, why: String },
     #[error("waited {waited_ms} ms for another backend to write the snowflake mark; the storage under the data directory may be stalled")]
     MarkBusy { waited_ms: u64 },
-    #[error("the system clock ({now_ms} ms since 1970) is before the configured epoch ({epoch_ms} ms since 1970)")]
+    #[error("the system clock ({}) is before the configured epoch ({})", crate::epoch::format_unix_ms(*.now_ms), crate::epoch::format_unix_ms(*.epoch_ms))]
     BeforeEpoch { now_ms: i64, epoch_ms: i64 },
     #[error("the 41-bit timestamp is exhausted: more than {MAX_TIMESTAMP_MS} ms have passed since the epoch")]
     TimestampExhausted,
-    #[error("machine id {0} is out of range 0..={MAX_MACHINE_ID}")]
+    #[error("machine id {0} is out of range 0-{MAX_MACHINE_ID}")]
     MachineOutOfRange(i64),
     #[error("{0} is not a snowflake ID: snowflake IDs are never negative")]
     NegativeId(i64),
-    #[error("{unix_ms} ms since 1970 is outside the snowflake time range: from the epoch ({epoch_ms}) for {MAX_TIMESTAMP_MS} ms")]
+    #[error("{} is outside the snowflake time range: from the epoch ({}) for {MAX_TIMESTAMP_MS} ms (about 69 years)", crate::epoch::format_unix_ms(*.unix_ms), crate::epoch::format_unix_ms(*.epoch_ms))]
     TimeOutOfRange { unix_ms: i64, epoch_ms: i64 },
     #[error("the machine-id lease ends at {} (plus half the margin): no later timestamp may be stamped under it; waiting for its renewal", crate::epoch::format_unix_ms(*.stamp_cap_unix_ms))]
     PastLease { stamp_cap_unix_ms: i64 },

@@ -235,6 +235,32 @@ fn a_role_creates_at_most_its_cap_of_scopes_and_a_retired_one_never_counts_again
     }
     assert_eq!(user.query_one("SELECT next_scoped_id('q', 'd1')", &[]).unwrap().get::<_, i64>(0), 2, "existing scopes go on");
     admin.query_one("SELECT next_scoped_id('q', 'admin-made')", &[]).expect("superusers are not capped");
+    // Review: the ticket slot kept the role that placed it, so a role at its
+    // cap blocked that scope for every role.
+    admin.batch_execute("DROP ROLE IF EXISTS quota_other; CREATE ROLE quota_other LOGIN").unwrap();
+    let mut other = c.connect_as("quota_other", "l_quota");
+    other.query_one("SELECT next_ticket('q', 'ticket-2')", &[]).expect("another role creates the scope a capped one could not");
+    let e = user.query_one("SELECT next_scoped_id('q', 'd5')", &[]).unwrap_err();
+    assert_eq!(sqlstate(&e), "53400", "{e:?}");
+    // Review: counting locked one row per role until commit, so new scopes
+    // of one role waited on each other (and could deadlock). A prepared
+    // transaction holding its count does not hold up the next.
+    admin.batch_execute("ALTER DATABASE l_quota SET pg_ticket.max_scopes_per_role = 100").unwrap();
+    let mut first = c.connect_as("quota_other", "l_quota");
+    first.batch_execute("BEGIN; SELECT next_scoped_id('p', 'prepared'); PREPARE TRANSACTION 'quota_held'").unwrap();
+    let mut second = c.connect_as("quota_other", "l_quota");
+    second.batch_execute("SET statement_timeout = '5s'").unwrap();
+    second.query_one("SELECT next_scoped_id('p', 'not-waiting')", &[]).expect("no wait for the prepared transaction's count");
+    admin.batch_execute("COMMIT PREPARED 'quota_held'").unwrap();
+    // Sixty new scopes in one statement count once each, in one write.
+    second.batch_execute("SELECT next_scoped_id('bulk', 'n' || n) FROM generate_series(1, 60) n").unwrap();
+    let counted: i64 = admin
+        .query_one("SELECT sum(scopes)::int8 FROM pgticket.scope_quota WHERE role = 'quota_other'::regrole", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(counted, 1 + 1 + 1 + 60, "ticket-2, prepared, not-waiting and the bulk");
+    let e = second.batch_execute("SELECT next_scoped_id('bulk', 'n' || n) FROM generate_series(61, 100) n").unwrap_err();
+    assert_eq!(sqlstate(&e), "53400", "the 101st in one statement: {e:?}");
 
     assert_eq!(admin.query_one("SELECT retire_scope('q', 'd1')", &[]).unwrap().get::<_, i64>(0), 2);
     let e = user.query_one("SELECT next_scoped_id('q', 'd1')", &[]).unwrap_err();

@@ -114,6 +114,9 @@ SELECT preloaded, machine_id, epoch = '2026-01-01 00:00:00+00' AS default_epoch,
        years_left BETWEEN 60 AND 69.8 AS years_left_ok, last_snowflake_at > now() - interval '1 minute' AS recent,
        reserved_until >= last_snowflake_at AS reserved_ahead, refusals_overflow >= 2 AS overflows_counted
   FROM pgticket.status;
+-- pg_ticket.machine_id is not set here: the status says so (and the server
+-- log has a WARNING from its start).
+SELECT machine_id, machine_id_source FROM pgticket.status;
 CREATE ROLE status_reader;
 SET ROLE status_reader;
 SELECT preloaded FROM pgticket.status;
