@@ -20,7 +20,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo --sudo)
 PROFILE ?= debug
 PROFILE_FLAG := $(if $(filter release,$(PROFILE)),--release,)
 
-.PHONY: setup install run stop test test-version test-unit test-pgrx test-regress test-integration test-package package bench
+.PHONY: setup install run stop test test-version test-unit test-pgrx test-regress test-docs test-integration test-package package bench
 
 setup:
 	@scripts/setup.sh
@@ -48,6 +48,7 @@ test-version:
 	$(MAKE) test-pgrx
 	$(MAKE) install
 	$(MAKE) test-regress
+	$(MAKE) test-docs
 	$(MAKE) test-integration
 
 test-unit:
@@ -62,6 +63,10 @@ test-regress:
 	scripts/regress.sh
 	UPGRADE_FROM=0.1.0 scripts/regress.sh
 	UPGRADE_FROM=0.2.0 scripts/regress.sh
+
+# Every ```sql block of README.md and docs/, run as written (scripts/docs-test.sh).
+test-docs:
+	scripts/docs-test.sh
 
 test-integration:
 	cargo test -p pg_ticket_integration -- --test-threads=4

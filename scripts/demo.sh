@@ -21,7 +21,7 @@ SELECT '/queues/' || q || '/' || d || 's/' || next_scoped_id(q, d) AS url
 
 -- A gap-free invoice series: a rolled-back invoice gives its number back.
 CREATE TABLE invoice (
-    no    bigint NOT NULL DEFAULT next_scoped_id('invoices', 'shop-17/2026'),
+    no    bigint NOT NULL DEFAULT next_scoped_id('shop-17', 'invoice/2026'),
     total numeric NOT NULL
 );
 INSERT INTO invoice(total) VALUES (10);
