@@ -235,30 +235,10 @@ REVOKE EXECUTE ON FUNCTION retire_block(text) FROM PUBLIC;
 -- 0.3.0: pgticket.status says where the machine id comes from ('default'
 -- when pg_ticket.machine_id was left unset: two servers of one keyspace
 -- both on 0 would share IDs).
-DROP VIEW pgticket.status;
-DROP FUNCTION ticket_status();
-CREATE FUNCTION "ticket_status"() RETURNS TABLE (
-	"preloaded" bool,
-	"epoch" timestamp with time zone,
-	"machine_id" INT,
-	"last_snowflake_at" timestamp with time zone,
-	"reserved_until" timestamp with time zone,
-	"years_left" double precision,
-	"refusals_clock_behind" bigint,
-	"refusals_overflow" bigint,
-	"refusals_read_only" bigint,
-	"waits_full_millisecond" bigint,
-	"waits_clock_back" bigint,
-	"waits_ticket_refill" bigint,
-	"reset_at" timestamp with time zone,
-	"machine_lease" bigint,
-	"machine_lease_expires_at" timestamp with time zone,
-	"machine_id_source" TEXT
-)
+-- A function of its own: ticket_status() keeps its signature and the view
+-- is replaced, not dropped (views and grants built on it survive).
+CREATE FUNCTION "ticket_machine_id_source"() RETURNS TEXT
 STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c
-AS 'MODULE_PATHNAME', 'ticket_status_wrapper';
-CREATE VIEW pgticket.status AS SELECT * FROM ticket_status();
-COMMENT ON VIEW pgticket.status IS
-    'pg_ticket on this server: snowflake identity and clock, refusals and waits since start';
-GRANT SELECT ON pgticket.status TO PUBLIC;
+AS 'MODULE_PATHNAME', 'ticket_machine_id_source_wrapper';
+CREATE OR REPLACE VIEW pgticket.status AS SELECT s.*, ticket_machine_id_source() AS machine_id_source FROM ticket_status() s;

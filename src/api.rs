@@ -51,7 +51,7 @@ fn reserve_block(
         check_block_size(size).or_raise();
         let ceiling = settings::max_block_size();
         if size > ceiling {
-            TicketError::from(CounterError::SizeOverCeiling { size, limit: ceiling }).raise();
+            TicketError::from(CounterError::SizeOverCeiling { size, limit: ceiling }).about(Kind::Block.label(name, NO_NAME)).raise();
         }
         let last = counters::take(Kind::Block, name, NO_NAME, size).or_raise();
         TableIterator::once((last - size + 1, last))

@@ -24,7 +24,7 @@ pub enum TicketError {
     /// An error about one scope or block, naming it.
     #[error("{scope}: {error}")]
     InScope { scope: String, error: Box<TicketError> },
-    #[error("role {role:?} has created {created} scopes and block names, the most pg_ticket.max_scopes_per_role ({cap}) allows")]
+    #[error("role {role} has created {created} scopes and block names, the most pg_ticket.max_scopes_per_role ({cap}) allows")]
     TooManyScopes { role: String, created: i64, cap: i64 },
     #[error("{0}() needs pg_ticket in shared_preload_libraries")]
     NotPreloaded(&'static str),
@@ -130,6 +130,14 @@ impl TicketError {
             }
             TicketError::InScope { error, .. } => error.hint(),
             _ => None,
+        }
+    }
+
+    /// This error, said of `label` (see `names::label`).
+    pub fn about(self, label: String) -> TicketError {
+        match self {
+            already @ TicketError::InScope { .. } => already,
+            error => TicketError::InScope { scope: label, error: Box::new(error) },
         }
     }
 

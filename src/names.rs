@@ -48,9 +48,33 @@ impl<'a> Name<'a> {
         unsafe { DatumWithOid::new(pg_sys::Datum::from(text), pg_sys::TEXTOID) }
     }
 
-    /// For messages: readable whatever the encoding (not for keys).
+    /// For views: readable whatever the encoding (not for keys).
     pub fn display(self) -> String {
         for_message(self.0)
+    }
+
+    /// For messages: in double quotes, escaped once (quotes, backslashes,
+    /// control characters; non-ASCII bytes too outside UTF-8).
+    pub fn quoted(self) -> String {
+        quoted(self.0)
+    }
+}
+
+/// `bytes` as [`Name::quoted`] shows them.
+pub fn quoted(bytes: &[u8]) -> String {
+    if unsafe { pg_sys::GetDatabaseEncoding() } == pg_sys::pg_enc::PG_UTF8 as i32 {
+        format!("{:?}", String::from_utf8_lossy(bytes))
+    } else {
+        format!("\"{}\"", bytes.escape_ascii())
+    }
+}
+
+/// How an error names what it is about: `scope ("shop-17", "invoice/2026")`,
+/// `ticket scope (...)`, `block "orders"`.
+pub fn label(what: &str, a: Name<'_>, b: Option<Name<'_>>) -> String {
+    match b {
+        Some(b) => format!("{what} ({}, {})", a.quoted(), b.quoted()),
+        None => format!("{what} {}", a.quoted()),
     }
 }
 

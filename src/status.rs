@@ -43,6 +43,9 @@ pub fn count_refusal(error: &TicketError) {
     if !settings::preloaded() {
         return;
     }
+    if let TicketError::InScope { error, .. } = error {
+        return count_refusal(error);
+    }
     let c = COUNTERS.get();
     let counter = match error {
         TicketError::Snowflake(SnowflakeError::ClockBehind { .. }) => &c.refusals_clock_behind,
@@ -84,12 +87,11 @@ fn ticket_status() -> TableIterator<
         name!(reset_at, Option<TimestampWithTimeZone>),
         name!(machine_lease, Option<i64>),
         name!(machine_lease_expires_at, Option<TimestampWithTimeZone>),
-        name!(machine_id_source, Option<&'static str>),
     ),
 > {
     postgres_errors_as_raised(|| {
         if !settings::preloaded() {
-            return TableIterator::once((false, None, None, None, None, None, None, None, None, None, None, None, None, None, None, None));
+            return TableIterator::once((false, None, None, None, None, None, None, None, None, None, None, None, None, None, None));
         }
         let epoch = settings::epoch_unix_ms();
         let activity = snowflake::activity();
@@ -124,9 +126,18 @@ fn ticket_status() -> TableIterator<
             (reset_at != 0).then(|| timestamp(reset_at)).flatten(),
             lease.and_then(|(token, _)| token),
             lease.and_then(|(_, expires)| timestamp(expires)),
-            Some(settings::machine_id_source()),
         ))
     })
+}
+
+/// Where this server's machine id comes from: `setting`, `lease`, or
+/// `default` (`pg_ticket.machine_id` left unset: two servers of one
+/// keyspace both on 0 would share IDs). A function of its own, not a column
+/// of `ticket_status()`, so that 0.3.0 keeps 0.2.0's signature and the view
+/// is replaced, not dropped (views and grants built on it survive).
+#[pg_extern(volatile, parallel_safe)]
+fn ticket_machine_id_source() -> Option<&'static str> {
+    settings::preloaded().then(settings::machine_id_source)
 }
 
 /// Admin: zero the counters of `pgticket.status`.
@@ -147,12 +158,12 @@ fn reset_ticket_status() {
 
 extension_sql!(
     r#"
-CREATE VIEW pgticket.status AS SELECT * FROM ticket_status();
+CREATE VIEW pgticket.status AS SELECT s.*, ticket_machine_id_source() AS machine_id_source FROM ticket_status() s;
 COMMENT ON VIEW pgticket.status IS
     'pg_ticket on this server: snowflake identity and clock, refusals and waits since start';
 GRANT SELECT ON pgticket.status TO PUBLIC;
 REVOKE EXECUTE ON FUNCTION reset_ticket_status() FROM PUBLIC;
 "#,
     name = "status_view",
-    requires = [ticket_status, reset_ticket_status, "schema"]
+    requires = [ticket_status, ticket_machine_id_source, reset_ticket_status, "schema"]
 );

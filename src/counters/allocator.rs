@@ -41,6 +41,14 @@ impl Kind {
         }
     }
 
+    /// How a message names the scope or block `(a, b)`.
+    pub fn label(self, a: Name<'_>, b: Name<'_>) -> String {
+        match self {
+            Kind::Scope => crate::names::label("scope", a, Some(b)),
+            Kind::Block => crate::names::label("block", a, None),
+        }
+    }
+
     /// This kind's state table.
     pub fn table(self, tables: &Tables) -> Table {
         match self {
@@ -126,13 +134,7 @@ fn update_mark(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> Result<i
 /// sequence): one INSERT may number rows of many.
 fn update_row(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> Result<Mark, TicketError> {
     update_row_unnamed(kind, a, b, change).map_err(|e| match e {
-        TicketError::Counter(_) => TicketError::InScope {
-            scope: match kind {
-                Kind::Scope => format!("scope ({:?}, {:?})", a.display(), b.display()),
-                Kind::Block => format!("block {:?}", a.display()),
-            },
-            error: Box::new(e),
-        },
+        TicketError::Counter(_) => e.about(kind.label(a, b)),
         other => other,
     })
 }
@@ -244,10 +246,12 @@ fn forget_all() {
 
 #[pg_guard]
 unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: *mut c_void) {
+    // A refused new scope leaves no mark but a quota sum read: forgotten
+    // at the end like the rest, or the next transaction would trust it.
     let idle = STATE.with(|s| {
         let s = s.borrow();
         s.marks.is_empty() && !s.flushed
-    });
+    }) && crate::quota::idle();
     if idle {
         return;
     }
@@ -275,9 +279,7 @@ unsafe extern "C-unwind" fn on_subxact_event(
             _ => {}
         }
     });
-    match event {
-        pg_sys::SubXactEvent::SUBXACT_EVENT_COMMIT_SUB => crate::quota::on_subxact_commit(my_subid, parent_subid),
-        pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB => crate::quota::on_subxact_abort(my_subid),
-        _ => {}
+    if event == pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB {
+        crate::quota::on_subxact_abort(my_subid);
     }
 }

@@ -172,15 +172,15 @@ pub fn lock_and_take(kind: Kind, a: Name<'_>, b: Name<'_>, n: i64) -> Locked {
             }
             // A new row: room for it is checked first, and it is counted
             // (at the transaction's pre-commit, `crate::quota`).
-            crate::quota::check_room(creator).unwrap_or_else(|e| e.raise());
+            crate::quota::check_room(creator).unwrap_or_else(|e| e.about(kind.label(a, b)).raise());
             if let Some(row) = first_row(client, &st.insert, &with_n) {
                 crate::quota::created(creator);
                 return Locked::Took(row);
             }
         }
         pgrx::error!(
-            "pg_ticket: could not lock the row for {:?}; it was changed concurrently, retry the transaction",
-            a.display()
+            "pg_ticket: could not lock the row for {}; it was changed concurrently, retry the transaction",
+            a.quoted()
         )
     })
 }
@@ -206,9 +206,9 @@ pub fn write(kind: Kind, a: Name<'_>, b: Name<'_>, row: Mark) {
             ERROR,
             PgSqlErrorCode::ERRCODE_DATA_CORRUPTED,
             format!(
-                "pg_ticket: the row of {} {:?} was not found at commit; its mark {mark} could not be stored",
+                "pg_ticket: the row of {} {} was not found at commit; its mark {mark} could not be stored",
                 kind.what(),
-                a.display()
+                a.quoted()
             )
         );
     }

@@ -174,6 +174,7 @@ fn find(scope: &ScopeId<'_>, place: bool) -> Option<(usize, u64)> {
 
 fn raise(failure: Failure, queue: Name<'_>, domain: Name<'_>) -> ! {
     let series = settings::ticket_series();
+    let scope = || crate::names::label("ticket scope", queue, Some(domain));
     match failure {
         Failure::OtherSeries { offset, increment } => TicketError::Tickets(ticket_core::tickets::TicketsError::OtherSeries {
             created_offset: offset,
@@ -181,25 +182,26 @@ fn raise(failure: Failure, queue: Name<'_>, domain: Name<'_>) -> ! {
             offset: series.offset,
             increment: series.increment,
         })
+        .about(scope())
         .raise(),
-        Failure::Overflow { mark } => TicketError::InScope {
-            scope: format!("ticket scope ({:?}, {:?})", queue.display(), domain.display()),
-            error: Box::new(TicketError::Tickets(ticket_core::tickets::TicketsError::Overflow { mark, size: 1 })),
+        Failure::Overflow { mark } => {
+            TicketError::Tickets(ticket_core::tickets::TicketsError::Overflow { mark, size: 1 }).about(scope()).raise()
         }
-        .raise(),
         Failure::TooManyScopes { role, created, cap } => {
-            TicketError::TooManyScopes { role: crate::quota::role_name(pg_sys::Oid::from(role)), created, cap }.raise()
+            TicketError::TooManyScopes { role: crate::quota::role_name(pg_sys::Oid::from(role)), created, cap }
+                .about(scope())
+                .raise()
         }
         Failure::Unavailable => TicketError::TicketsUnavailable(format!(
-            "the ticket worker could not reserve tickets for ({:?}, {:?}); see the server log",
-            queue.display(),
-            domain.display()
+            "the ticket worker could not reserve tickets for ({}, {}); see the server log",
+            queue.quoted(),
+            domain.quoted()
         ))
         .raise(),
         Failure::NotReplicated => TicketError::TicketsUnavailable(format!(
-            "the synchronous standbys did not confirm the reservation of tickets for ({:?}, {:?}) (the wait was cancelled): none of it is handed out",
-            queue.display(),
-            domain.display()
+            "the synchronous standbys did not confirm the reservation of tickets for ({}, {}) (the wait was cancelled): none of it is handed out",
+            queue.quoted(),
+            domain.quoted()
         ))
         .raise(),
     }
@@ -320,9 +322,9 @@ fn refuse_if_advanced_here(hash: u64, queue: Name<'_>, domain: Name<'_>) {
     let here = ADVANCED.with(|a| a.borrow().get(&hash).is_some_and(|xids| xids.iter().any(|xid| is_current(*xid))));
     if here {
         TicketError::TicketsUnavailable(format!(
-            "advance_ticket({:?}, {:?}) in this transaction holds the scope until it commits; take tickets of it after the commit",
-            queue.display(),
-            domain.display()
+            "advance_ticket({}, {}) in this transaction holds the scope until it commits; take tickets of it after the commit",
+            queue.quoted(),
+            domain.quoted()
         ))
         .raise();
     }
@@ -356,9 +358,9 @@ fn wait_for_segment(i: usize, generation: u64, db: u32, deadline: Instant, queue
                 "the ticket worker of this database is not keeping up or not running"
             };
             TicketError::TicketsUnavailable(format!(
-                "no tickets for ({:?}, {:?}) arrived within pg_ticket.ticket_wait_timeout ({} ms): {why}",
-                queue.display(),
-                domain.display(),
+                "no tickets for ({}, {}) arrived within pg_ticket.ticket_wait_timeout ({} ms): {why}",
+                queue.quoted(),
+                domain.quoted(),
                 settings::ticket_wait_timeout().as_millis()
             ))
             .raise();

@@ -536,9 +536,9 @@ pub fn advance_in_table(queue: Name<'_>, domain: Name<'_>, to: i64, floor: i64) 
         // An administrator's: not counted against anyone.
         let Ok(Some((mark, _))) = lock_row(client, queue, domain, series, false, None)? else {
             return Ok(Err(TicketError::TicketsUnavailable(format!(
-                "the row of ({:?}, {:?}) in pgticket.tickets could not be created (a trigger on the table?)",
-                queue.display(),
-                domain.display()
+                "the row of ({}, {}) in pgticket.tickets could not be created (a trigger on the table?)",
+                queue.quoted(),
+                domain.quoted()
             ))));
         };
         let mark = mark.max(floor);

@@ -30,7 +30,8 @@ use ticket_core::snowflake::{self, MarkStore, SharedState, SnowflakeError};
 
 /// What a `LeasedGenerator` needs. Deserializes from configuration files
 /// (serde), durations in human form: `ttl = "60s"`, `"500ms"`, `"10 min"`.
-#[derive(Debug, Clone, serde::Deserialize)]
+#[derive(Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct GeneratorConfig {
     /// libpq connection string or URI of the registry database.
     pub dsn: String,
@@ -39,9 +40,21 @@ pub struct GeneratorConfig {
     /// 1 s .. 1 day (and at most the registry's `pg_ticket.lease_max_ttl`).
     #[serde(default = "default_ttl", with = "crate::duration")]
     pub ttl: Duration,
-    /// Pause between failed calls to the registry.
+    /// Pause between failed calls to the registry: more than 0, at most
+    /// half the ttl (a renewal that failed gets another try in time).
     #[serde(default = "default_retry", with = "crate::duration")]
     pub retry_interval: Duration,
+}
+
+impl std::fmt::Debug for GeneratorConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GeneratorConfig")
+            .field("dsn", &crate::dsn::redacted(&self.dsn))
+            .field("holder", &self.holder)
+            .field("ttl", &self.ttl)
+            .field("retry_interval", &self.retry_interval)
+            .finish()
+    }
 }
 
 fn default_ttl() -> Duration {
@@ -55,6 +68,17 @@ fn default_retry() -> Duration {
 impl GeneratorConfig {
     pub fn new(dsn: impl Into<String>, holder: impl Into<String>) -> Self {
         GeneratorConfig { dsn: dsn.into(), holder: holder.into(), ttl: default_ttl(), retry_interval: default_retry() }
+    }
+
+    /// The ttl in ms, if every value is one the protocol allows.
+    fn check(&self) -> Result<i64, ClientError> {
+        let invalid = |what: &str, e: &dyn std::fmt::Display| ClientError::InvalidConfig(format!("{what}: {e}"));
+        let ttl_ms = i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX);
+        check_ttl(ttl_ms).map_err(|e| invalid("ttl", &e))?;
+        if self.retry_interval.is_zero() || self.retry_interval > self.ttl / 2 {
+            return Err(invalid("retry_interval", &format!("{:?} is not more than 0 and at most half the ttl ({:?})", self.retry_interval, self.ttl)));
+        }
+        Ok(ttl_ms)
     }
 }
 
@@ -118,8 +142,7 @@ impl LeasedGenerator {
     /// Starts the background thread, which leases at once; IDs are refused
     /// (`NoLease`) until a lease is held — see [`wait_for_lease`](Self::wait_for_lease).
     pub fn start(config: GeneratorConfig) -> Result<Self, ClientError> {
-        let ttl_ms = i64::try_from(config.ttl.as_millis()).unwrap_or(i64::MAX);
-        check_ttl(ttl_ms).map_err(|e| ClientError::InvalidConfig(format!("ttl: {e}")))?;
+        let ttl_ms = config.check()?;
         let shared = Arc::new(Shared { config, state: Mutex::new(State::default()), changed: Condvar::new() });
         let thread_shared = Arc::clone(&shared);
         let renewer = std::thread::Builder::new()

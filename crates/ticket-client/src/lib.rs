@@ -23,6 +23,7 @@
 pub mod clock;
 #[doc(hidden)]
 pub mod connect;
+mod dsn;
 mod duration;
 mod generator;
 #[doc(hidden)]
@@ -86,5 +87,22 @@ mod tests {
         config.ttl = std::time::Duration::from_millis(10);
         assert!(matches!(LeasedGenerator::start(config), Err(ClientError::InvalidConfig(_))));
         assert!(matches!(BlockPool::start(PoolConfig::new("host=/nowhere", "x", 0)), Err(ClientError::InvalidConfig(_))));
+        let mut config = GeneratorConfig::new("host=/nowhere", "x");
+        config.retry_interval = std::time::Duration::from_secs(31); // more than half of 60 s
+        assert!(matches!(LeasedGenerator::start(config), Err(ClientError::InvalidConfig(m)) if m.contains("retry_interval")));
+        for bad in [r#""call_timeout": "0""#, r#""call_timeout": "2d""#, r#""retry_interval": 0"#, r#""check_interval": "0s""#] {
+            let config: PoolConfig = serde_json::from_str(&format!(r#"{{"dsn": "host=/nowhere", "name": "x", "block_size": 10, {bad}}}"#)).unwrap();
+            assert!(matches!(BlockPool::start(config), Err(ClientError::InvalidConfig(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn configurations_refuse_unknown_keys_and_hide_passwords() {
+        let typo = serde_json::from_str::<PoolConfig>(r#"{"dsn": "x", "name": "n", "block_size": 10, "wait_timout": "1s"}"#).unwrap_err();
+        assert!(typo.to_string().contains("unknown field `wait_timout`"), "{typo}");
+        let shown = format!("{:?}", GeneratorConfig::new("host=db1 password=s3cret", "web-7"));
+        assert!(shown.contains("password=***") && !shown.contains("s3cret"), "{shown}");
+        let shown = format!("{:?}", PoolConfig::new("postgresql://app:s3cret@db1/ids", "orders", 100));
+        assert!(shown.contains("app:***@db1") && !shown.contains("s3cret"), "{shown}");
     }
 }

@@ -31,14 +31,17 @@ use crate::ClientError;
 
 /// What a `BlockPool` needs. Deserializes from configuration files
 /// (serde), durations in human form (`wait_timeout = "5s"`).
-#[derive(Debug, Clone, serde::Deserialize)]
+#[derive(Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct PoolConfig {
     /// libpq connection string or URI of the database.
     pub dsn: String,
     /// The block counter's name (`reserve_block(name, size)`).
     pub name: String,
     pub block_size: i64,
-    /// How long `next_id` waits for a block when both are spent.
+    /// How long `next_id` waits for a block when both are spent (at most a
+    /// day, as every interval here; `retry_interval` and `check_interval`
+    /// more than 0).
     #[serde(default = "defaults::wait_timeout", with = "crate::duration")]
     pub wait_timeout: Duration,
     /// Pause between failed calls to the database.
@@ -47,7 +50,7 @@ pub struct PoolConfig {
     /// How often an idle pool checks its blocks against the mark.
     #[serde(default = "defaults::check_interval", with = "crate::duration")]
     pub check_interval: Duration,
-    /// The longest a call to the database may take.
+    /// The longest a call to the database may take: 1 s .. 1 day.
     #[serde(default = "defaults::call_timeout", with = "crate::duration")]
     pub call_timeout: Duration,
 }
@@ -68,7 +71,37 @@ mod defaults {
     }
 }
 
+impl std::fmt::Debug for PoolConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolConfig")
+            .field("dsn", &crate::dsn::redacted(&self.dsn))
+            .field("name", &self.name)
+            .field("block_size", &self.block_size)
+            .field("wait_timeout", &self.wait_timeout)
+            .field("retry_interval", &self.retry_interval)
+            .field("check_interval", &self.check_interval)
+            .field("call_timeout", &self.call_timeout)
+            .finish()
+    }
+}
+
 impl PoolConfig {
+    /// Every value one the pool can work with?
+    fn check(&self) -> Result<(), ClientError> {
+        let invalid = |what: &str, why: String| Err(ClientError::InvalidConfig(format!("{what}: {why}")));
+        ticket_core::counter::check_block_size(self.block_size).map_err(|e| ClientError::InvalidConfig(format!("block_size: {e}")))?;
+        const DAY: Duration = Duration::from_secs(86_400);
+        for (what, d) in [("wait_timeout", self.wait_timeout), ("retry_interval", self.retry_interval), ("check_interval", self.check_interval)] {
+            if d > DAY || (d.is_zero() && what != "wait_timeout") {
+                return invalid(what, format!("{d:?} is not within {} .. 1 day", if what == "wait_timeout" { "0" } else { "1 ms" }));
+            }
+        }
+        if self.call_timeout < Duration::from_secs(1) || self.call_timeout > DAY {
+            return invalid("call_timeout", format!("{:?} is not within 1 s .. 1 day", self.call_timeout));
+        }
+        Ok(())
+    }
+
     pub fn new(dsn: impl Into<String>, name: impl Into<String>, block_size: i64) -> Self {
         PoolConfig {
             dsn: dsn.into(),
@@ -140,7 +173,7 @@ pub struct BlockPool {
 
 impl BlockPool {
     pub fn start(config: PoolConfig) -> Result<Self, ClientError> {
-        ticket_core::counter::check_block_size(config.block_size).map_err(|e| ClientError::InvalidConfig(e.to_string()))?;
+        config.check()?;
         let shared = Arc::new(Shared { config, state: Mutex::new(State::default()), changed: Condvar::new() });
         let thread_shared = Arc::clone(&shared);
         let fetcher = std::thread::Builder::new()

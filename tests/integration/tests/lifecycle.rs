@@ -273,3 +273,51 @@ fn a_role_creates_at_most_its_cap_of_scopes_and_a_retired_one_never_counts_again
     let e = user.query_one("SELECT retire_scope('q', 'd2')", &[]).unwrap_err();
     assert_eq!(sqlstate(&e), "42501", "retiring is an administrator's: {e:?}");
 }
+
+/// Review of the quota's second version: a REPEATABLE READ creator updated
+/// a count row another committed since its snapshot (40001 at COMMIT); a
+/// savepoint rolled back left the sum it read cached for the session's next
+/// transactions (so a role went past its cap by what its other sessions
+/// made meanwhile); the rows of a role grew without bound.
+#[test]
+fn the_quota_never_fails_a_repeatable_read_creator_nor_trusts_an_old_sum() {
+    let c = cluster();
+    let mut admin = c.fresh_db("l_quota_rr");
+    admin.batch_execute("DROP ROLE IF EXISTS quota_rr; CREATE ROLE quota_rr LOGIN").unwrap();
+    admin.batch_execute("ALTER DATABASE l_quota_rr SET pg_ticket.max_scopes_per_role = 5").unwrap();
+    let mut a = c.connect_as("quota_rr", "l_quota_rr");
+    let mut b = c.connect_as("quota_rr", "l_quota_rr");
+    a.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1").unwrap(); // the snapshot
+    b.query_one("SELECT next_scoped_id('rr', 'b1')", &[]).unwrap();
+    a.query_one("SELECT next_scoped_id('rr', 'a1')", &[]).unwrap();
+    a.batch_execute("COMMIT").expect("no serialization failure for counting a new scope");
+    // Savepoints: only what survives counts.
+    a.batch_execute(
+        "BEGIN; SAVEPOINT s1; SELECT next_scoped_id('rr', 'gone1');
+         SAVEPOINT s2; SELECT next_scoped_id('rr', 'gone2'); RELEASE s2;
+         ROLLBACK TO s1; SELECT next_scoped_id('rr', 'a2'); COMMIT",
+    )
+    .unwrap();
+    let sum = |admin: &mut Client| -> i64 {
+        admin.query_one("SELECT sum(scopes)::int8 FROM pgticket.scope_quota WHERE role = 'quota_rr'::regrole", &[]).unwrap().get(0)
+    };
+    assert_eq!(sum(&mut admin), 3, "b1, a1, a2");
+    a.query_one("SELECT next_scoped_id('rr', 'a3')", &[]).unwrap(); // 4 of 5
+    // A transaction that read the sum (4) but kept nothing; another session
+    // of the role then makes the fifth; the first session's next is refused.
+    a.batch_execute("BEGIN; SAVEPOINT s; SELECT next_scoped_id('rr', 'tmp'); ROLLBACK TO s; COMMIT").unwrap();
+    b.query_one("SELECT next_scoped_id('rr', 'b2')", &[]).unwrap();
+    let e = a.query_one("SELECT next_scoped_id('rr', 'a4')", &[]).unwrap_err();
+    assert_eq!(sqlstate(&e), "53400", "{e:?}");
+    assert_eq!(sum(&mut admin), 5);
+
+    // Forty transactions creating one each: folded as they go.
+    admin.batch_execute("ALTER DATABASE l_quota_rr SET pg_ticket.max_scopes_per_role = 1000").unwrap();
+    let mut a = c.connect_as("quota_rr", "l_quota_rr");
+    for n in 0..40 {
+        a.query_one("SELECT next_scoped_id('fold', $1)", &[&format!("f{n}")]).unwrap();
+    }
+    assert_eq!(sum(&mut admin), 45);
+    let rows: i64 = admin.query_one("SELECT count(*) FROM pgticket.scope_quota WHERE role = 'quota_rr'::regrole", &[]).unwrap().get(0);
+    assert!(rows <= 33, "{rows} rows for one role");
+}
