@@ -9,22 +9,24 @@
 //! it created (a random shard; a clash picks another), so no creator waits
 //! on another (§13.5), none updates a row another committed since its
 //! snapshot (40001 under REPEATABLE READ), and a bulk insert into new
-//! scopes costs one row. A READ COMMITTED transaction that saw more than
-//! `COMPACT_AFTER` rows of its role folds them into one (`DELETE` of rows
-//! nobody holds, `SKIP LOCKED`, and one `INSERT` of their sum, in one
-//! statement); other levels never delete (a row deleted since their
-//! snapshot would be 40001).
+//! scopes costs one row. A transaction that saw more than `FOLD_AFTER`
+//! rows of its role folds them into one (`DELETE` of rows nobody holds,
+//! `SKIP LOCKED`, and one `INSERT` of their sum, in one statement), in a
+//! subtransaction of its own: a fold that fails (under REPEATABLE READ, a
+//! row another fold deleted since the snapshot) is left to the next one,
+//! and never fails the commit.
 //!
-//! Room is checked before each new row: the committed sum, read once per
+//! Room is checked before each new row: the sum, read once per
 //! transaction, plus what the transaction made. The sum is read from the
-//! heap with `SnapshotSelf` (the latest committed rows, not the snapshot's,
-//! and no SERIALIZABLE predicate lock, which would make concurrent
-//! creators fail each other). Other transactions' uncommitted rows are not
-//! seen, so concurrent transactions of one role can pass the cap by what
-//! each has in flight (and a read that meets a fold as it commits may miss
-//! the folded rows once): a bound on disk use, not an exact count. Not
-//! dumped: role ids differ between clusters, and a restored database counts
-//! anew.
+//! heap with a dirty snapshot: the latest committed rows and those still
+//! being committed or prepared (a prepared transaction's count holds), and
+//! no SERIALIZABLE predicate lock, which would make concurrent creators
+//! fail each other. Rows a fold is replacing count twice for that moment:
+//! a refusal too early, never a pass. Transactions of one role that check
+//! at once do not see each other's new names before their commits, so
+//! together they can pass the cap by what each has in flight: a bound on
+//! disk use, not an exact count. Not dumped: role ids differ between
+//! clusters, and a restored database counts anew.
 //!
 //! In memory: what this transaction created, in creation order, tagged
 //! with the subtransaction that made it. Subtransaction ids only grow, so
@@ -33,9 +35,12 @@
 //! count). Checks are O(1): a running count per role.
 //!
 //! The ticket worker counts the scopes it creates for the role that asked
-//! (`check_room_for`, `count_now`), in its own transaction.
+//! (`check_room_for`, `count_now`), in its own transaction, adding what
+//! the asking transaction has made and not yet counted (`pending_for`);
+//! the asking session reads the sum again afterwards.
 //! Touches: `pgticket.scope_quota`, as its owner.
 
+use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -43,8 +48,12 @@ use std::collections::HashMap;
 use crate::errors::TicketError;
 use crate::{settings, state_tables};
 
-/// Rows of one role beyond which a READ COMMITTED commit folds them.
-const COMPACT_AFTER: i64 = 32;
+/// Rows of one role beyond which a commit folds them.
+const FOLD_AFTER: i64 = 32;
+
+/// Tries at a free random shard before giving up (a clash is one in 2^31
+/// per row; a row that never appears is a trigger or rule swallowing it).
+const INSERT_TRIES: usize = 8;
 
 struct Created {
     subxact: pg_sys::SubTransactionId,
@@ -60,11 +69,14 @@ struct Committed {
     rows: i64,
 }
 
+/// (role, quota table): counts in one table are not another's.
+type Counted = (pg_sys::Oid, pg_sys::Oid);
+
 #[derive(Default)]
 struct Pending {
     created: Vec<Created>,
-    mine: HashMap<pg_sys::Oid, i64>,
-    committed: HashMap<pg_sys::Oid, Committed>,
+    mine: HashMap<Counted, i64>,
+    committed: HashMap<Counted, Committed>,
 }
 
 thread_local! {
@@ -91,9 +103,10 @@ fn capped(role: pg_sys::Oid, cap: i64) -> Option<state_tables::Table> {
     (!tables.owners().contains(&role)).then_some(table)
 }
 
-/// The committed rows of `role`, read through the primary key with
-/// `SnapshotSelf`: never waits, takes no predicate lock.
-fn read_committed(table: state_tables::Table, role: pg_sys::Oid) -> Committed {
+/// The rows of `role`, committed or on their way (prepared, in a commit),
+/// read through the primary key with a dirty snapshot: never waits, takes
+/// no predicate lock.
+fn read_sum(table: state_tables::Table, role: pg_sys::Oid) -> Committed {
     const ROLE_COLUMN: i16 = 1;
     const SCOPES_COLUMN: i32 = 3;
     let mut found = Committed { scopes: 0, rows: 0 };
@@ -108,7 +121,8 @@ fn read_committed(table: state_tables::Table, role: pg_sys::Oid) -> Committed {
             pg_sys::RegProcedure::from(pg_sys::F_OIDEQ),
             pg_sys::Datum::from(role),
         );
-        let scan = pg_sys::systable_beginscan(rel, (*rel).rd_pkindex, true, &raw mut pg_sys::SnapshotSelfData, 1, &mut key);
+        let mut dirty = pg_sys::SnapshotData { snapshot_type: pg_sys::SnapshotType::SNAPSHOT_DIRTY, ..Default::default() };
+        let scan = pg_sys::systable_beginscan(rel, (*rel).rd_pkindex, true, &mut dirty, 1, &mut key);
         loop {
             let tuple = pg_sys::systable_getnext(scan);
             if tuple.is_null() {
@@ -136,13 +150,14 @@ fn refusal(role: pg_sys::Oid, created: i64, cap: i64) -> TicketError {
 pub fn check_room(role: pg_sys::Oid) -> Result<(), TicketError> {
     let cap = session_cap();
     let Some(table) = capped(role, cap) else { return Ok(()) };
-    let known = PENDING.with(|p| p.borrow().committed.get(&role).copied());
+    let counted = (role, table.oid);
+    let known = PENDING.with(|p| p.borrow().committed.get(&counted).copied());
     let committed = known.unwrap_or_else(|| {
-        let read = read_committed(table, role);
-        PENDING.with(|p| p.borrow_mut().committed.insert(role, read));
+        let read = read_sum(table, role);
+        PENDING.with(|p| p.borrow_mut().committed.insert(counted, read));
         read
     });
-    let mine = PENDING.with(|p| p.borrow().mine.get(&role).copied().unwrap_or(0));
+    let mine = PENDING.with(|p| p.borrow().mine.get(&counted).copied().unwrap_or(0));
     let created = committed.scopes.saturating_add(mine);
     if created >= cap {
         return Err(refusal(role, created, cap));
@@ -157,7 +172,7 @@ pub fn created(role: pg_sys::Oid) {
     PENDING.with(|p| {
         let mut p = p.borrow_mut();
         p.created.push(Created { subxact, role, table: table.oid });
-        *p.mine.entry(role).or_insert(0) += 1;
+        *p.mine.entry((role, table.oid)).or_insert(0) += 1;
     });
 }
 
@@ -167,7 +182,7 @@ pub fn on_subxact_abort(aborted: pg_sys::SubTransactionId) {
         let mut p = p.borrow_mut();
         while p.created.last().is_some_and(|c| c.subxact >= aborted) {
             let gone = p.created.pop().expect("checked");
-            *p.mine.get_mut(&gone.role).expect("counted when created") -= 1;
+            *p.mine.get_mut(&(gone.role, gone.table)).expect("counted when created") -= 1;
         }
     });
 }
@@ -183,6 +198,18 @@ pub fn idle() -> bool {
 /// Did this transaction create rows still to be counted?
 pub fn pending() -> bool {
     PENDING.with(|p| !p.borrow().created.is_empty())
+}
+
+/// What this transaction created for `role` and has not counted yet (the
+/// ticket worker adds it to the sum it reads); the sum read so far is
+/// forgotten, since the worker's count will be in it.
+pub fn pending_for(role: pg_sys::Oid) -> i64 {
+    let Some(table) = state_tables::lookup().and_then(|t| t.scope_quota) else { return 0 };
+    PENDING.with(|p| {
+        let mut p = p.borrow_mut();
+        p.committed.remove(&(role, table.oid));
+        p.mine.get(&(role, table.oid)).copied().unwrap_or(0)
+    })
 }
 
 /// Pre-commit: count what this transaction created, per role, in the quota
@@ -201,8 +228,10 @@ pub fn flush() {
         }
     }
     for (role, n) in per_role {
-        let rows = committed.get(&role).map_or(0, |c| c.rows);
-        add(table, role, n, rows >= COMPACT_AFTER);
+        add(table, role, n);
+        if committed.get(&(role, table.oid)).is_some_and(|c| c.rows >= FOLD_AFTER) {
+            fold_quietly(table, role);
+        }
     }
 }
 
@@ -211,14 +240,11 @@ pub fn forget() {
     PENDING.with(|p| *p.borrow_mut() = Pending::default());
 }
 
-/// Insert a row counting `n` new names of `role`, and fold its rows if
-/// `compact` and this transaction is READ COMMITTED: never a wait.
-fn add(table: state_tables::Table, role: pg_sys::Oid, n: i64, compact: bool) {
-    let read_committed = unsafe { pg_sys::XactIsoLevel } == pg_sys::XACT_READ_COMMITTED as i32;
-    state_tables::as_owner_of(table, || {
+/// Insert a row counting `n` new names of `role`: never a wait.
+fn add(table: state_tables::Table, role: pg_sys::Oid, n: i64) {
+    let inserted = state_tables::as_owner_of(table, || {
         Spi::connect_mut(|client| {
-            // A clash of random shards only picks another.
-            loop {
+            for _ in 0..INSERT_TRIES {
                 let inserted = client.update(
                     "INSERT INTO pgticket.scope_quota (role, shard, scopes) \
                      VALUES ($1, (pg_catalog.random() OPERATOR(pg_catalog.*) 2147483647)::pg_catalog.int4, $2) \
@@ -227,10 +253,26 @@ fn add(table: state_tables::Table, role: pg_sys::Oid, n: i64, compact: bool) {
                     &[role.into(), n.into()],
                 )?;
                 if !inserted.is_empty() {
-                    break;
+                    return Ok::<bool, pgrx::spi::Error>(true);
                 }
             }
-            if compact && read_committed {
+            Ok(false)
+        })
+    })
+    .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot count new scopes: {e}"));
+    if !inserted {
+        pgrx::error!("pg_ticket: cannot count new scopes: {INSERT_TRIES} inserts into pgticket.scope_quota stored nothing (a trigger or rule on it?)");
+    }
+}
+
+/// Fold the rows of `role` nobody holds into one, in a subtransaction: a
+/// fold that fails is logged and left to the next one.
+fn fold_quietly(table: state_tables::Table, role: pg_sys::Oid) {
+    let (context, owner) = unsafe { (pg_sys::CurrentMemoryContext, pg_sys::CurrentResourceOwner) };
+    unsafe { pg_sys::BeginInternalSubTransaction(std::ptr::null()) };
+    let folded = PgTryBuilder::new(|| {
+        state_tables::as_owner_of(table, || {
+            Spi::connect_mut(|client| {
                 // The sum takes the smallest shard of the rows it replaces
                 // (deleted by this statement, so no clash).
                 client.update(
@@ -244,30 +286,58 @@ fn add(table: state_tables::Table, role: pg_sys::Oid, n: i64, compact: bool) {
                      HAVING pg_catalog.count(*) OPERATOR(pg_catalog.>) 0",
                     None,
                     &[role.into()],
-                )?;
-            }
-            Ok::<(), pgrx::spi::Error>(())
+                )
+                .map(|_| ())
+            })
         })
+        .map_err(|e| e.to_string())
     })
-    .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot count new scopes: {e}"));
+    .catch_others(|e| match e {
+        CaughtError::PostgresError(r) | CaughtError::ErrorReport(r) | CaughtError::RustPanic { ereport: r, .. } => Err(r.message().to_string()),
+    })
+    .execute();
+    unsafe {
+        match &folded {
+            Ok(()) => pg_sys::ReleaseCurrentSubTransaction(),
+            Err(_) => pg_sys::RollbackAndReleaseCurrentSubTransaction(),
+        }
+        pg_sys::MemoryContextSwitchTo(context);
+        pg_sys::CurrentResourceOwner = owner;
+    }
+    if let Err(why) = folded {
+        pgrx::log!("pg_ticket: folding the scope counts of role {} left for later: {why}", role_name(role));
+    }
+}
+
+/// What the ticket worker knows of the role it makes a scope for: its
+/// cap (the asking session's setting) and what the asking transaction has
+/// made and not counted yet.
+#[derive(Clone, Copy)]
+pub struct Asker {
+    pub role: pg_sys::Oid,
+    pub cap: i64,
+    pub pending: i64,
 }
 
 /// The ticket worker, in its own transaction: room for one more scope of
-/// `role`, capped at `cap` (the asking session's setting)?
-pub fn check_room_for(role: pg_sys::Oid, cap: i64) -> Result<(), TicketError> {
-    let Some(table) = capped(role, cap) else { return Ok(()) };
-    let created = read_committed(table, role).scopes;
-    if created >= cap {
-        return Err(refusal(role, created, cap));
+/// the asker? Returns how many rows it has (for `count_now`).
+pub fn check_room_for(asker: Asker) -> Result<i64, TicketError> {
+    let Some(table) = capped(asker.role, asker.cap) else { return Ok(0) };
+    let sum = read_sum(table, asker.role);
+    let created = sum.scopes.saturating_add(asker.pending);
+    if created >= asker.cap {
+        return Err(refusal(asker.role, created, asker.cap));
     }
-    Ok(())
+    Ok(sum.rows)
 }
 
-/// The ticket worker made a scope for `role` (capped at `cap`).
-pub fn count_now(role: pg_sys::Oid, cap: i64) {
-    if let Some(table) = capped(role, cap) {
-        let rows = read_committed(table, role).rows;
-        add(table, role, 1, rows >= COMPACT_AFTER);
+/// The ticket worker made a scope for the asker, whose role had `rows`.
+pub fn count_now(asker: Asker, rows: i64) {
+    if let Some(table) = capped(asker.role, asker.cap) {
+        add(table, asker.role, 1);
+        if rows >= FOLD_AFTER {
+            fold_quietly(table, asker.role);
+        }
     }
 }
 

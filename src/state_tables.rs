@@ -185,7 +185,10 @@ unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid:
     // InvalidOid: every relation (a cache reset).
     if let Some(t) = CACHE.get() {
         let ours = [Some(t.scoped_counters), Some(t.blocks), t.tickets, t.machine_id_leases, t.id_space, t.scope_quota];
-        if relid == pg_sys::InvalidOid || ours.iter().flatten().any(|table| table.oid == relid) {
+        // A table found missing may come back (renamed back, re-added to
+        // the extension) under an OID we do not know: any change looks again.
+        let incomplete = ours.iter().any(Option::is_none);
+        if incomplete || relid == pg_sys::InvalidOid || ours.iter().flatten().any(|table| table.oid == relid) {
             CACHE.set(None);
             GENERATION.set(GENERATION.get() + 1);
         }

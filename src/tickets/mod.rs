@@ -281,8 +281,7 @@ fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
                 g.asks += 1;
                 g.waits += 1;
                 // A new row would be this role's: checked and counted for it.
-                g.creator = crate::quota::creator().to_u32();
-                g.creator_cap = crate::quota::session_cap();
+                g.set_creator();
                 drop(g);
                 crate::status::count_ticket_wait();
                 worker::request(scope.db, i).or_raise();

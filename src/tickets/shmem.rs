@@ -94,10 +94,12 @@ pub struct SlotData {
     pub last_used: u64,
     /// Used since the CLOCK hand last passed (its second chance).
     pub referenced: bool,
-    /// The role that last asked with nothing cached, and the cap it runs
-    /// under: a new row is checked and counted for it.
+    /// The role that last asked with nothing cached, the cap it runs
+    /// under, and the new names its transaction made and has not counted
+    /// yet: a new row is checked and counted for it.
     pub creator: u32,
     pub creator_cap: i64,
+    pub creator_pending: i64,
     /// Unix ms when the last segment was installed (for the step).
     pub installed_at_ms: i64,
     pub refills: u64,
@@ -173,6 +175,7 @@ impl SlotData {
             referenced: false,
             creator: 0,
             creator_cap: 0,
+            creator_pending: 0,
             installed_at_ms: 0,
             refills: 0,
             waits: 0,
@@ -181,6 +184,14 @@ impl SlotData {
 
     /// Give the slot to another scope (or none): everything cached goes,
     /// a gap. The caller bumps the generation.
+    /// This session asks: a new row would be its role's (`crate::quota`).
+    pub fn set_creator(&mut self) {
+        let role = crate::quota::creator();
+        self.creator = role.to_u32();
+        self.creator_cap = crate::quota::session_cap();
+        self.creator_pending = crate::quota::pending_for(role);
+    }
+
     pub fn reset(&mut self) {
         *self = SlotData::empty();
     }
@@ -456,8 +467,7 @@ impl Directory {
         g.key_len = scope.key.len() as u16;
         g.key[..scope.key.len()].copy_from_slice(scope.key);
         g.step = step;
-        g.creator = crate::quota::creator().to_u32();
-        g.creator_cap = crate::quota::session_cap();
+        g.set_creator();
         // Not marked as used: a scope placed and never used again is the
         // first to go (and a turn of the hand never finds every slot marked).
         g.last_used = tick();

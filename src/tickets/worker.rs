@@ -219,9 +219,8 @@ struct Wanted {
     reserved_to: i64,
     /// Found locked at an earlier pass.
     busy: bool,
-    /// The role a new row would count against, and its cap.
-    creator: u32,
-    creator_cap: i64,
+    /// The role a new row would count against.
+    creator: crate::quota::Asker,
     /// The slot's ask count when the request was read.
     asks: u64,
 }
@@ -248,7 +247,7 @@ fn serve(db: u32, me: &shmem::WorkerSlot) -> bool {
     for i in asked {
         let slot = &slots[i];
         let mut request =
-            Wanted { slot: i, generation: 0, table: 0, key_len: 0, key: [0; KEY_MAX], step: 0, reserved_to: 0, busy: false, creator: 0, creator_cap: 0, asks: 0 };
+            Wanted { slot: i, generation: 0, table: 0, key_len: 0, key: [0; KEY_MAX], step: 0, reserved_to: 0, busy: false, creator: crate::quota::Asker { role: pg_sys::Oid::INVALID, cap: 0, pending: 0 }, asks: 0 };
         {
             let g = slot.lock();
             if !(g.in_use && g.db == db && g.requested && g.failure.is_none()) {
@@ -261,8 +260,7 @@ fn serve(db: u32, me: &shmem::WorkerSlot) -> bool {
             request.step = g.step;
             request.reserved_to = g.reserved_to;
             request.busy = g.busy;
-            request.creator = g.creator;
-            request.creator_cap = g.creator_cap;
+            request.creator = crate::quota::Asker { role: pg_sys::Oid::from(g.creator), cap: g.creator_cap, pending: g.creator_pending };
             request.asks = g.asks;
         }
         wanted.push(request);
@@ -347,7 +345,7 @@ fn lock_row(
     domain: Name<'_>,
     series: Series,
     skip_locked: bool,
-    creator: Option<(pg_sys::Oid, i64)>,
+    creator: Option<crate::quota::Asker>,
 ) -> Result<Result<Option<(i64, Series)>, TicketError>, pgrx::spi::Error> {
     const COLUMNS: &str = "mark, ticket_offset, ticket_increment";
     let skip = if skip_locked { " SKIP LOCKED" } else { "" };
@@ -371,9 +369,11 @@ fn lock_row(
             return Ok(Ok(None));
         }
     }
-    if let Some(Err(e)) = creator.map(|(role, cap)| crate::quota::check_room_for(role, cap)) {
-        return Ok(Err(e));
-    }
+    let rows = match creator.map(crate::quota::check_room_for) {
+        Some(Err(e)) => return Ok(Err(e)),
+        Some(Ok(rows)) => rows,
+        None => 0,
+    };
     let mut args = key_args(queue, domain);
     args.push((series.offset as i32).into());
     args.push((series.increment as i32).into());
@@ -387,8 +387,8 @@ fn lock_row(
     )?;
     match row_of(inserted)? {
         Some(found) => {
-            if let Some((role, cap)) = creator {
-                crate::quota::count_now(role, cap);
+            if let Some(asker) = creator {
+                crate::quota::count_now(asker, rows);
             }
             Ok(Ok(Some(found)))
         }
@@ -413,12 +413,11 @@ fn set_mark(client: &mut pgrx::spi::SpiClient<'_>, queue: Name<'_>, domain: Name
 /// or emptied behind the worker's back never leads to a value again).
 fn reserve_in(client: &mut pgrx::spi::SpiClient<'_>, request: &Wanted, series: Series) -> Result<Reserved, pgrx::spi::Error> {
     let (queue, domain) = split(&request.key[..request.key_len]);
-    let creator = (pg_sys::Oid::from(request.creator), request.creator_cap);
-    let (mark, created) = match lock_row(client, queue, domain, series, true, Some(creator))? {
+    let (mark, created) = match lock_row(client, queue, domain, series, true, Some(request.creator))? {
         Ok(Some(row)) => row,
         Ok(None) => return Ok(Reserved::Busy),
         Err(TicketError::TooManyScopes { created, cap, .. }) => {
-            return Ok(Reserved::Refused(Failure::TooManyScopes { role: request.creator, created, cap }))
+            return Ok(Reserved::Refused(Failure::TooManyScopes { role: request.creator.role.to_u32(), created, cap }))
         }
         Err(e) => e.raise(),
     };

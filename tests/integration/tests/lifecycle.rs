@@ -321,3 +321,65 @@ fn the_quota_never_fails_a_repeatable_read_creator_nor_trusts_an_old_sum() {
     let rows: i64 = admin.query_one("SELECT count(*) FROM pgticket.scope_quota WHERE role = 'quota_rr'::regrole", &[]).unwrap().get(0);
     assert!(rows <= 33, "{rows} rows for one role");
 }
+
+/// Review of the quota's third version: a prepared transaction's count was
+/// not seen (one session passed the cap with a PREPARE per cap's worth);
+/// ticket scopes made by the worker did not see the asking transaction's
+/// other new names; REPEATABLE READ creators never folded their rows; a
+/// fold that failed failed the commit; a trigger that swallowed the
+/// count's INSERT made the commit loop forever.
+#[test]
+fn the_quota_counts_prepared_and_mixed_transactions_and_never_fails_or_hangs_a_commit_for_its_own_sake() {
+    let c = cluster();
+    let mut admin = c.fresh_db("l_quota_v3");
+    admin.batch_execute("DROP ROLE IF EXISTS quota_v3; CREATE ROLE quota_v3 LOGIN").unwrap();
+    admin.batch_execute("ALTER DATABASE l_quota_v3 SET pg_ticket.max_scopes_per_role = 5").unwrap();
+    let mut user = c.connect_as("quota_v3", "l_quota_v3");
+    user.batch_execute("BEGIN; SELECT next_scoped_id('prep', 'd' || n) FROM generate_series(1, 5) n; PREPARE TRANSACTION 'quota_v3'").unwrap();
+    let e = user.batch_execute("SELECT next_scoped_id('prep', 'd6')").unwrap_err();
+    assert_eq!(sqlstate(&e), "53400", "the prepared five count: {e:?}");
+    admin.batch_execute("ROLLBACK PREPARED 'quota_v3'").unwrap();
+    let e = user
+        .batch_execute("BEGIN; SELECT next_scoped_id('mixed', 'd' || n) FROM generate_series(1, 5) n; SELECT next_ticket('mixed', 'ticket')")
+        .unwrap_err();
+    assert_eq!(sqlstate(&e), "53400", "a ticket scope after five new scopes in one transaction: {e:?}");
+    user.batch_execute("ROLLBACK").unwrap();
+    user.batch_execute("BEGIN; SELECT next_ticket('mixed', 't' || n) FROM generate_series(1, 2) n; SELECT next_scoped_id('mixed', 'd' || n) FROM generate_series(1, 3) n; COMMIT").unwrap();
+    let e = user.batch_execute("SELECT next_scoped_id('mixed', 'd4')").unwrap_err();
+    assert_eq!(sqlstate(&e), "53400", "two ticket scopes and three scopes are five: {e:?}");
+
+    // Folds under REPEATABLE READ, and a fold that cannot run leaves the
+    // commits alone (a publication of every table and no replica identity
+    // refuse its DELETE).
+    admin.batch_execute("ALTER DATABASE l_quota_v3 SET pg_ticket.max_scopes_per_role = 1000").unwrap();
+    let mut user = c.connect_as("quota_v3", "l_quota_v3");
+    let rows = |admin: &mut Client| -> (i64, i64) {
+        let r = admin.query_one("SELECT count(*), sum(scopes)::int8 FROM pgticket.scope_quota WHERE role = 'quota_v3'::regrole", &[]).unwrap();
+        (r.get(0), r.get(1))
+    };
+    let before = rows(&mut admin).1;
+    for n in 0..40 {
+        user.batch_execute(&format!("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT next_scoped_id('rr-fold', 'f{n}'); COMMIT")).unwrap();
+    }
+    let (count, sum) = rows(&mut admin);
+    assert_eq!(sum, before + 40);
+    assert!(count <= 33, "{count} rows after 40 REPEATABLE READ commits");
+    admin.batch_execute("CREATE PUBLICATION quota_v3_all FOR ALL TABLES; ALTER TABLE pgticket.scope_quota REPLICA IDENTITY NOTHING").unwrap();
+    for n in 0..40 {
+        user.batch_execute(&format!("SELECT next_scoped_id('no-fold', 'f{n}')")).expect("a fold that fails does not fail the commit");
+    }
+    let (count, sum) = rows(&mut admin);
+    assert_eq!(sum, before + 80);
+    assert!(count > 33, "the fold could not run here ({count} rows)");
+    admin.batch_execute("DROP PUBLICATION quota_v3_all; ALTER TABLE pgticket.scope_quota REPLICA IDENTITY DEFAULT").unwrap();
+
+    admin
+        .batch_execute(
+            "CREATE FUNCTION pgticket.swallow() RETURNS trigger LANGUAGE plpgsql AS $$BEGIN RETURN NULL; END$$;
+             CREATE TRIGGER swallow BEFORE INSERT ON pgticket.scope_quota FOR EACH ROW EXECUTE FUNCTION pgticket.swallow()",
+        )
+        .unwrap();
+    let e = user.batch_execute("SELECT next_scoped_id('swallowed', 'd')").unwrap_err();
+    assert!(e.as_db_error().unwrap().message().contains("stored nothing"), "{e:?}");
+    admin.batch_execute("DROP TRIGGER swallow ON pgticket.scope_quota; DROP FUNCTION pgticket.swallow()").unwrap();
+}

@@ -287,17 +287,19 @@ fn a_locked_scope_stalls_only_itself_and_our_own_lock_is_refused_at_once() {
     assert!(message.contains("in this transaction"), "{message}");
     println!("refused after {:?}", started.elapsed());
     drop(tx); // rolled back
-    // An outer advance still holds the row after an inner one rolled back.
+    // An outer advance still holds the row after an inner one rolled back
+    // (a scope of its own: the worker may now create 'held' for the waiter
+    // above and reserve a first segment of it).
     let mut tx = holder.transaction().unwrap();
-    tx.batch_execute("SELECT advance_ticket('held', 'x', 5); SAVEPOINT a; SELECT advance_ticket('held', 'x', 7); ROLLBACK TO SAVEPOINT a")
+    tx.batch_execute("SELECT advance_ticket('nested', 'x', 5); SAVEPOINT a; SELECT advance_ticket('nested', 'x', 7); ROLLBACK TO SAVEPOINT a")
         .unwrap();
-    let err = tx.query_one("SELECT next_ticket('held', 'x')", &[]).unwrap_err();
+    let err = tx.query_one("SELECT next_ticket('nested', 'x')", &[]).unwrap_err();
     assert!(err.as_db_error().unwrap().message().contains("in this transaction"), "{err:?}");
     drop(tx);
     let mut tx = holder.transaction().unwrap();
-    tx.query_one("SELECT advance_ticket('held', 'x', 10)", &[]).unwrap();
+    tx.query_one("SELECT advance_ticket('nested', 'x', 10)", &[]).unwrap();
     tx.commit().unwrap();
-    let t: i64 = other.query_one("SELECT next_ticket('held', 'x')", &[]).unwrap().get(0);
+    let t: i64 = other.query_one("SELECT next_ticket('nested', 'x')", &[]).unwrap().get(0);
     assert_eq!(t, 11);
     // A savepoint rolled back releases the lock: nothing to refuse.
     let mut tx = holder.transaction().unwrap();
