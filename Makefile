@@ -20,7 +20,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo --sudo)
 PROFILE ?= debug
 PROFILE_FLAG := $(if $(filter release,$(PROFILE)),--release,)
 
-.PHONY: setup install run stop test test-version test-unit test-pgrx test-regress test-docs test-integration test-package package bench
+.PHONY: setup install run stop test test-version test-unit test-pgrx test-regress test-docs test-integration test-package test-nemesis soak package bench
 
 setup:
 	@scripts/setup.sh
@@ -40,6 +40,7 @@ test: setup
 	$(MAKE) test-unit
 	for v in $(TEST_VERSIONS); do $(MAKE) test-version PG_VERSION=$$v PG_CONFIG=$$(scripts/pg-config.sh $$v) || exit 1; done
 	$(MAKE) test-package
+	$(MAKE) test-nemesis
 	@echo "make test: every tier passed on PostgreSQL $(TEST_VERSIONS)"
 
 # Every tier that needs a server, on PG_VERSION.
@@ -52,7 +53,7 @@ test-version:
 	$(MAKE) test-integration
 
 test-unit:
-	cargo test -p ticket-core -p ticket-client
+	cargo test -p ticket-core -p ticket-client -p pg_ticket_nemesis
 
 # cargo pgrx test installs its own test build and runs a cluster as `postgres`.
 test-pgrx: setup
@@ -70,6 +71,16 @@ test-docs:
 
 test-integration:
 	cargo test -p pg_ticket_integration -- --test-threads=4
+
+# The nemesis (tests/nemesis): seeded random faults on a fleet, then the
+# checker. CI's budget is 3 minutes with a new seed each run (printed);
+# make soak MINUTES=60 SEED=n for longer or to replay.
+test-nemesis:
+	SOAK_SECONDS=180 scripts/soak.sh
+
+soak: setup
+	$(MAKE) install
+	scripts/soak.sh
 
 # The Debian package (PostgreSQL 15 only: Debian ships no 18 here).
 package: setup

@@ -16,6 +16,15 @@
 //! pg_ticket's functions qualified with the schema the extension lives in,
 //! so nothing a role put on its own `search_path` is called instead.
 //!
+//! A reply that carries a WARNING is a lost reply too: PostgreSQL reports
+//! a synchronous-standby wait cancelled by an administrator
+//! (`pg_cancel_backend`) only as a WARNING ("the transaction has already
+//! committed locally, but might not have been replicated") and then answers
+//! as if the commit succeeded; a failover then loses it, and a lease or
+//! block used on its strength would be granted again. The text may be
+//! translated and has no SQLSTATE of its own, so any WARNING counts (none
+//! of pg_ticket's calls raise one otherwise).
+//!
 //! libpq is loaded when the first connection is made (`dlopen`, with its
 //! symbols kept local), not linked: inside a PostgreSQL server a linked
 //! libpq would enter every process of it, and the walreceiver of a server
@@ -25,11 +34,12 @@
 //! worker, an application) loads it. Building needs no libpq.
 
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 type PGconn = c_void;
 type PGresult = c_void;
+type NoticeReceiver = unsafe extern "C" fn(*mut c_void, *const PGresult);
 
 // libpq's enums (libpq-fe.h), stable across releases.
 const CONNECTION_OK: c_int = 0;
@@ -83,6 +93,7 @@ libpq_functions! {
     PQresultErrorField: fn(*const PGresult, c_int) -> *const c_char;
     PQclear: fn(*mut PGresult) -> ();
     PQfinish: fn(*mut PGconn) -> ();
+    PQsetNoticeReceiver: fn(*mut PGconn, Option<NoticeReceiver>, *mut c_void) -> *mut c_void;
 }
 
 static LIBPQ: OnceLock<Result<Libpq, String>> = OnceLock::new();
@@ -210,6 +221,7 @@ impl Row {
 
 const PG_DIAG_SQLSTATE: c_int = b'C' as c_int;
 const PG_DIAG_MESSAGE_PRIMARY: c_int = b'M' as c_int;
+const PG_DIAG_SEVERITY_NONLOCALIZED: c_int = b'V' as c_int;
 /// The longest a wait goes without checking whether the caller stops.
 const SLICE: Duration = Duration::from_millis(100);
 
@@ -222,6 +234,26 @@ pub struct Conn {
     bound: Duration,
     /// `quote_ident` of the schema pg_ticket's functions live in.
     schema: Option<String>,
+    /// The first WARNING of the call in flight (libpq's notice receiver
+    /// writes it, during this connection's own libpq calls).
+    warning: Box<Mutex<Option<String>>>,
+}
+
+/// libpq's notice receiver: keeps the first WARNING of a call.
+unsafe extern "C" fn keep_warning(arg: *mut c_void, result: *const PGresult) {
+    // SAFETY: `arg` is the connection's `warning`, which outlives the
+    // connection; `result` is a notice, valid during this call.
+    let slot = unsafe { &*(arg as *const Mutex<Option<String>>) };
+    let field = |code| {
+        let p = unsafe { (pq().PQresultErrorField)(result, code) };
+        (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+    };
+    if field(PG_DIAG_SEVERITY_NONLOCALIZED).as_deref() == Some("WARNING") {
+        let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
+        if slot.is_none() {
+            *slot = Some(field(PG_DIAG_MESSAGE_PRIMARY).unwrap_or_default());
+        }
+    }
 }
 
 // SAFETY: a PGconn may be used from any thread, one at a time; `Conn` is
@@ -269,10 +301,14 @@ impl Conn {
         value_ptrs.push(std::ptr::null());
         // SAFETY: NULL-terminated arrays of C strings that outlive the call.
         let raw = unsafe { (pq().PQconnectStartParams)(key_ptrs.as_ptr(), value_ptrs.as_ptr(), 1) };
-        let mut conn = Conn { raw, dsn: dsn.to_string(), bound, schema: None };
+        let mut conn = Conn { raw, dsn: dsn.to_string(), bound, schema: None, warning: Box::default() };
         if raw.is_null() || unsafe { (pq().PQstatus)(raw) } == CONNECTION_BAD {
             return Err(CallError::Connection(error_message(raw)));
         }
+        let slot: *const Mutex<Option<String>> = &*conn.warning;
+        // SAFETY: a connection; the slot lives as long as `conn`, which
+        // finishes the connection before dropping it.
+        unsafe { (pq().PQsetNoticeReceiver)(raw, Some(keep_warning), slot as *mut c_void) };
         // As libpq's documentation says: first wait as if it asked to write.
         let mut want_write = true;
         loop {
@@ -376,6 +412,7 @@ impl Conn {
 
     fn run(&mut self, sql: &str, params: &[Param<'_>], stop: &dyn Fn() -> bool) -> Result<Option<Row>, CallError> {
         let deadline = Instant::now() + self.bound;
+        *self.warning.lock().unwrap_or_else(|p| p.into_inner()) = None;
         let sql = c_string("the statement", sql)?;
         let texts: Vec<Option<CString>> = params
             .iter()
@@ -436,8 +473,11 @@ impl Conn {
             }
             unsafe { (pq().PQclear)(result) };
         }
-        match error {
-            Some(e) => Err(e),
+        if let Some(e) = error {
+            return Err(e);
+        }
+        match self.warning.lock().unwrap_or_else(|p| p.into_inner()).take() {
+            Some(warning) => Err(CallError::Connection(format!("the server warned \"{warning}\": the outcome is taken as unknown"))),
             None => Ok(row),
         }
     }

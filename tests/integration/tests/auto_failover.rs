@@ -56,9 +56,22 @@ fn wait_for_state(what: &str, deadline: Duration, ok: impl Fn(&str) -> bool) -> 
         if ok(&state) {
             return started.elapsed();
         }
-        assert!(started.elapsed() < deadline, "{what} not reached in {deadline:?}:\n{state}");
+        assert!(started.elapsed() < deadline, "{what} not reached in {deadline:?}:\n{state}\n{}", diagnostics());
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// What a failed wait prints besides the state: the monitor's recent
+/// events and health verdicts, and the end of each node's keeper and
+/// server logs (a node marked `!` is one the monitor could not connect to).
+fn diagnostics() -> String {
+    let script = format!(
+        "pg_autoctl show events --count 20 --pgdata {ROOT}/monitor 2>&1; \
+         echo '--- monitor health checks'; grep -h -i 'health' {ROOT}/monitor/log/*.log 2>&1 | tail -n 15; \
+         for n in node1 node2; do echo \"--- $n keeper\"; tail -n 25 {ROOT}/$n.log 2>&1; \
+           echo \"--- $n server\"; tail -n 25 $(ls -t {ROOT}/$n/log/*.log 2>/dev/null | head -n 1) 2>&1; done"
+    );
+    String::from_utf8_lossy(&as_postgres(&script).stdout).into_owned()
 }
 
 fn node_line<'a>(state: &'a str, node: &str) -> &'a str {
@@ -118,7 +131,7 @@ fn pg_auto_failover_kills_the_primary_under_load_and_nothing_is_handed_out_twice
     // seconds rather than the default minute.
     let out = as_postgres(&format!(
         "pg_autoctl create monitor --pgdata {ROOT}/monitor --pgport {MONITOR_PORT} --hostname localhost --auth trust --no-ssl > {ROOT}/monitor-create.log 2>&1 && \
-         printf \"pgautofailover.health_check_period = 1000\\npgautofailover.health_check_timeout = 1000\\npgautofailover.health_check_max_retries = 1\\npgautofailover.health_check_retry_delay = 500\\npgautofailover.node_considered_unhealthy_timeout = 4000\\npgautofailover.primary_demote_timeout = 3000\\n\" >> {ROOT}/monitor/postgresql.conf"
+         printf \"pgautofailover.health_check_period = 1000\\npgautofailover.health_check_timeout = 2500\\npgautofailover.health_check_max_retries = 2\\npgautofailover.health_check_retry_delay = 500\\npgautofailover.node_considered_unhealthy_timeout = 4000\\npgautofailover.primary_demote_timeout = 3000\\n\" >> {ROOT}/monitor/postgresql.conf"
     ));
     assert!(out.status.success(), "create monitor: {out:?}");
     autoctl_background(&format!("run --pgdata {ROOT}/monitor"), "monitor.log");
@@ -143,7 +156,7 @@ fn pg_auto_failover_kills_the_primary_under_load_and_nothing_is_handed_out_twice
             wait_for_state("node 1 single", Duration::from_secs(60), |s| node_line(s, "node_1").contains("single"));
         }
     }
-    wait_for_state("primary and secondary", Duration::from_secs(120), |s| {
+    wait_for_state("primary and secondary", Duration::from_secs(240), |s| {
         node_line(s, "node_1").contains("primary") && node_line(s, "node_2").matches("secondary").count() == 2
     });
     eprintln!("pg_auto_failover: monitor and two nodes up in {:?}", started.elapsed());

@@ -414,3 +414,61 @@ fn a_block_pool_rides_out_an_outage_until_both_blocks_are_spent_and_drops_blocks
     // hands its forgotten range out again: that is what a rewind means).
     assert_eq!(duplicates(ids), 0);
 }
+
+/// Found by the nemesis: PostgreSQL answers a commit whose wait for the
+/// synchronous standby an administrator cancelled with a WARNING and
+/// success, the reservation local only. The pool used such a block; after
+/// a failover the new primary reserved the same range again. Now a reply
+/// with a WARNING is a lost reply: that block is never used.
+#[test]
+fn a_block_pool_never_uses_a_block_whose_standby_wait_was_cancelled() {
+    use ticket_client::{BlockPool, PoolConfig};
+    let db = Cluster::start("client-syncrep", 55523, &[]);
+    let mut admin = db.connect();
+    let standby = |names: &str| {
+        let mut admin = db.connect();
+        admin.batch_execute(&format!("ALTER SYSTEM SET synchronous_standby_names = '{names}'")).unwrap();
+        admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+    };
+    standby("nobody");
+    let mut config = PoolConfig::new(format!("{} application_name=syncrep-pool", db.dsn()), "syncrep", 1000);
+    config.wait_timeout = Duration::from_millis(300);
+    config.call_timeout = Duration::from_secs(60);
+    let pool = BlockPool::start(config).unwrap();
+    let waiting_reserve = |admin: &mut postgres::Client| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let rows = admin
+                .query("SELECT pid FROM pg_stat_activity WHERE application_name = 'syncrep-pool' AND wait_event = 'SyncRep'", &[])
+                .unwrap();
+            if let Some(row) = rows.first() {
+                return row.get::<_, i32>(0);
+            }
+            assert!(Instant::now() < deadline, "the pool's reservation never waited for the standby");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let pid = waiting_reserve(&mut admin);
+    assert!(admin.query_one("SELECT pg_cancel_backend($1)", &[&pid]).unwrap().get::<_, bool>(0));
+    // The cancelled commit stands locally (1-1000); the pool reserves anew
+    // and waits again, serving nothing meanwhile.
+    let again = waiting_reserve(&mut admin);
+    let local: i64 = admin.query_one("SELECT current_block_mark('syncrep')", &[]).unwrap().get(0);
+    assert_eq!(local, 1000, "the cancelled reservation committed locally");
+    match pool.next_id() {
+        Ok(id) => panic!("ID {id} handed out from a block no standby confirmed"),
+        Err(e) => assert!(matches!(e, ticket_client::ClientError::BlocksExhausted { .. }), "{e}"),
+    }
+    assert!(pool.stats().ids_handed_out == 0);
+    // The standby requirement dropped: the waiting reservation completes
+    // normally, and the pool serves from it, above the cancelled one.
+    standby("");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let first = loop {
+        if let Ok(id) = pool.next_id() {
+            break id;
+        }
+        assert!(Instant::now() < deadline, "no block once the standby requirement was dropped");
+    };
+    assert!(first > 1000, "the first ID served, {first}, is above the cancelled block (pid {again} waited again)");
+}

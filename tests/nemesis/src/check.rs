@@ -1,0 +1,253 @@
+//! The checker: the promise, proved from the history alone (SPEC §14).
+//!
+//! - No snowflake twice in the whole fleet (servers, fixed and leased, and
+//!   the client processes' leased generators).
+//! - No ticket twice per scope within a life of its lineage's extension;
+//!   each lineage only its own series (odd / even), so the two never meet;
+//!   after a promotion, every ticket of a scope above every one before it.
+//! - A scoped counter's committed values: none twice, none above the mark
+//!   read at the end of the life, every value 1..mark committed (or of a
+//!   transaction whose COMMIT got no answer); after a promotion, every
+//!   committed value above every one committed before it.
+//! - Blocks of one name never overlap; a block pool's IDs never repeat.
+
+use crate::history::{Event, Outcome};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+#[derive(Debug)]
+pub struct Violation {
+    pub what: String,
+    /// When the entries involved were received (ms), for the faults around.
+    pub times: Vec<u64>,
+}
+
+/// IDs from a client process's record file.
+pub struct ClientIds {
+    pub source: String,
+    pub ids: Vec<i64>,
+}
+
+type Key = (String, u32, String); // lineage, life, scope or name
+
+pub fn check(events: &[Event], generators: &[ClientIds], pools: &[ClientIds], series: &HashMap<String, (i64, i64)>) -> Vec<Violation> {
+    let mut found = Vec::new();
+    snowflakes(events, generators, &mut found);
+    tickets(events, series, &mut found);
+    counters(events, &mut found);
+    blocks(events, pools, &mut found);
+    found
+}
+
+fn promotions(events: &[Event]) -> HashMap<String, Vec<u64>> {
+    let mut at: HashMap<String, Vec<u64>> = HashMap::new();
+    for e in events {
+        if let Event::Promoted { t, lineage } = e {
+            at.entry(lineage.clone()).or_default().push(*t);
+        }
+    }
+    at
+}
+
+fn snowflakes(events: &[Event], generators: &[ClientIds], found: &mut Vec<Violation>) {
+    let mut all: Vec<(i64, &str, Option<u64>)> = Vec::new();
+    for e in events {
+        if let Event::Snowflakes { t, source, ids } = e {
+            all.extend(ids.iter().map(|id| (*id, source.as_str(), Some(*t))));
+        }
+    }
+    for g in generators {
+        all.extend(g.ids.iter().map(|id| (*id, g.source.as_str(), None)));
+    }
+    all.sort_unstable_by_key(|(id, _, _)| *id);
+    for pair in all.windows(2) {
+        let ((id, a, ta), (_, b, tb)) = (pair[0], pair[1]);
+        if pair[0].0 == pair[1].0 {
+            found.push(Violation {
+                what: format!("snowflake {id} twice: from {a} (at {}) and from {b} (at {})", at(ta), at(tb)),
+                times: [ta, tb].into_iter().flatten().collect(),
+            });
+        }
+    }
+}
+
+fn at(t: Option<u64>) -> String {
+    t.map_or("a time the process did not record".into(), |t| format!("{:.3} s", t as f64 / 1000.0))
+}
+
+fn tickets(events: &[Event], series: &HashMap<String, (i64, i64)>, found: &mut Vec<Violation>) {
+    let mut by_scope: BTreeMap<Key, Vec<(i64, u64)>> = BTreeMap::new();
+    for e in events {
+        if let Event::Tickets { t, lineage, life, scope, values } = e {
+            let list = by_scope.entry((lineage.clone(), *life, scope.clone())).or_default();
+            list.extend(values.iter().map(|v| (*v, *t)));
+            if let Some((offset, increment)) = series.get(lineage) {
+                for v in values.iter().filter(|v| (*v - offset).rem_euclid(*increment) != 0) {
+                    found.push(Violation {
+                        what: format!("ticket {v} of ({lineage}, {scope}) is not of its series (offset {offset}, increment {increment})"),
+                        times: vec![*t],
+                    });
+                }
+            }
+        }
+    }
+    let promoted = promotions(events);
+    for ((lineage, life, scope), values) in &by_scope {
+        duplicates(values, &format!("ticket of ({lineage}, life {life}, {scope})"), found);
+        for &p in promoted.get(lineage).into_iter().flatten() {
+            above_after(values, p, &format!("ticket of ({lineage}, life {life}, {scope})"), found);
+        }
+    }
+}
+
+fn duplicates(values: &[(i64, u64)], what: &str, found: &mut Vec<Violation>) {
+    let mut sorted = values.to_vec();
+    sorted.sort_unstable();
+    for pair in sorted.windows(2) {
+        if pair[0].0 == pair[1].0 {
+            found.push(Violation {
+                what: format!("{what}: {} twice (at {} and {})", pair[0].0, at(Some(pair[0].1)), at(Some(pair[1].1))),
+                times: vec![pair[0].1, pair[1].1],
+            });
+        }
+    }
+}
+
+/// Everything received after the promotion at `p` above everything before.
+fn above_after(values: &[(i64, u64)], p: u64, what: &str, found: &mut Vec<Violation>) {
+    let before = values.iter().filter(|(_, t)| *t < p).max_by_key(|(v, _)| *v);
+    let after = values.iter().filter(|(_, t)| *t > p).min_by_key(|(v, _)| *v);
+    if let (Some(&(high, t_high)), Some(&(low, t_low))) = (before, after) {
+        if low <= high {
+            found.push(Violation {
+                what: format!("{what}: {low} after the promotion at {} is not above {high} before it", at(Some(p))),
+                times: vec![t_high, p, t_low],
+            });
+        }
+    }
+}
+
+fn counters(events: &[Event], found: &mut Vec<Violation>) {
+    let mut committed: BTreeMap<Key, Vec<(i64, u64)>> = BTreeMap::new();
+    let mut unknown: HashMap<Key, HashSet<i64>> = HashMap::new();
+    let mut marks: HashMap<Key, (i64, u64)> = HashMap::new();
+    for e in events {
+        match e {
+            Event::Counter { t, lineage, life, scope, values, outcome } => {
+                let key = (lineage.clone(), *life, scope.clone());
+                match outcome {
+                    Outcome::Committed => committed.entry(key).or_default().extend(values.iter().map(|v| (*v, *t))),
+                    Outcome::Unknown => unknown.entry(key).or_default().extend(values),
+                    Outcome::RolledBack => {}
+                }
+            }
+            Event::Mark { t, lineage, life, scope, mark } => {
+                marks.insert((lineage.clone(), *life, scope.clone()), (*mark, *t));
+            }
+            _ => {}
+        }
+    }
+    let promoted = promotions(events);
+    let none = HashSet::new();
+    for (key, values) in &committed {
+        let (lineage, life, scope) = key;
+        let what = format!("scoped counter ({lineage}, life {life}, {scope})");
+        duplicates(values, &what, found);
+        for &p in promoted.get(lineage).into_iter().flatten() {
+            above_after(values, p, &what, found);
+        }
+        let Some(&(mark, t_mark)) = marks.get(key) else { continue };
+        let maybe = unknown.get(key).unwrap_or(&none);
+        let kept: HashSet<i64> = values.iter().map(|(v, _)| *v).collect();
+        if let Some(&(v, t)) = values.iter().find(|(v, _)| *v > mark || *v < 1) {
+            found.push(Violation { what: format!("{what}: committed {v} is outside 1..{mark} (the mark at the end)"), times: vec![t, t_mark] });
+        }
+        let gaps: Vec<i64> = (1..=mark).filter(|v| !kept.contains(v) && !maybe.contains(v)).collect();
+        if !gaps.is_empty() {
+            found.push(Violation {
+                what: format!("{what}: {} value(s) of 1..{mark} never committed (a gap), first {:?}", gaps.len(), &gaps[..gaps.len().min(5)]),
+                times: vec![t_mark],
+            });
+        }
+    }
+}
+
+fn blocks(events: &[Event], pools: &[ClientIds], found: &mut Vec<Violation>) {
+    let mut by_name: BTreeMap<Key, Vec<(i64, i64, u64)>> = BTreeMap::new();
+    for e in events {
+        if let Event::Block { t, lineage, life, name, first, last } = e {
+            by_name.entry((lineage.clone(), *life, name.clone())).or_default().push((*first, *last, *t));
+        }
+    }
+    for ((lineage, life, name), mut ranges) in by_name {
+        ranges.sort_unstable();
+        for pair in ranges.windows(2) {
+            let ((a1, a2, ta), (b1, b2, tb)) = (pair[0], pair[1]);
+            if b1 <= a2 {
+                found.push(Violation {
+                    what: format!("block ({lineage}, life {life}, {name}): {a1}-{a2} (at {}) and {b1}-{b2} (at {}) overlap", at(Some(ta)), at(Some(tb))),
+                    times: vec![ta, tb],
+                });
+            }
+        }
+    }
+    let mut ids: Vec<(i64, &str)> = pools.iter().flat_map(|p| p.ids.iter().map(|id| (*id, p.source.as_str()))).collect();
+    ids.sort_unstable();
+    for pair in ids.windows(2) {
+        if pair[0].0 == pair[1].0 {
+            found.push(Violation { what: format!("block pool ID {} twice: from {} and {}", pair[0].0, pair[0].1, pair[1].1), times: vec![] });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn counter(t: u64, values: &[i64], outcome: Outcome) -> Event {
+        Event::Counter { t, lineage: "p1".into(), life: 0, scope: "d".into(), values: values.to_vec(), outcome }
+    }
+    fn mark(mark: i64) -> Event {
+        Event::Mark { t: 99, lineage: "p1".into(), life: 0, scope: "d".into(), mark }
+    }
+    fn series() -> HashMap<String, (i64, i64)> {
+        HashMap::from([("p1".to_string(), (1, 2)), ("p2".to_string(), (2, 2))])
+    }
+    fn run(events: &[Event]) -> Vec<String> {
+        check(events, &[], &[], &series()).into_iter().map(|v| v.what).collect()
+    }
+
+    #[test]
+    fn a_gap_free_history_passes_and_each_kind_of_break_is_caught() {
+        let good = [counter(1, &[1], Outcome::Committed), counter(2, &[2], Outcome::RolledBack), counter(3, &[2, 3], Outcome::Committed), mark(3)];
+        assert!(run(&good).is_empty(), "{:?}", run(&good));
+        let unknown = [counter(1, &[1], Outcome::Unknown), counter(3, &[2], Outcome::Committed), mark(2)];
+        assert!(run(&unknown).is_empty(), "an unanswered COMMIT may have committed");
+        let twice = [counter(1, &[1], Outcome::Committed), counter(2, &[1], Outcome::Committed), mark(1)];
+        assert!(run(&twice)[0].contains("1 twice"), "{:?}", run(&twice));
+        let gap = [counter(1, &[1], Outcome::Committed), counter(2, &[2], Outcome::RolledBack), mark(2)];
+        assert!(run(&gap)[0].contains("gap"), "{:?}", run(&gap));
+        let above = [counter(1, &[1, 2], Outcome::Committed), mark(1)];
+        assert!(run(&above)[0].contains("outside 1..1"), "{:?}", run(&above));
+        let promoted = [
+            counter(1, &[5], Outcome::Committed),
+            Event::Promoted { t: 10, lineage: "p1".into() },
+            counter(11, &[4], Outcome::Committed),
+        ];
+        assert!(run(&promoted).iter().any(|v| v.contains("not above 5")), "{:?}", run(&promoted));
+    }
+
+    #[test]
+    fn tickets_snowflakes_and_blocks() {
+        let tickets = |lineage: &str, life, values: &[i64]| Event::Tickets { t: 1, lineage: lineage.into(), life, scope: "s".into(), values: values.to_vec() };
+        assert!(run(&[tickets("p1", 0, &[1, 3]), tickets("p2", 0, &[2, 4]), tickets("p2", 1, &[2])]).is_empty());
+        assert!(run(&[tickets("p1", 0, &[1, 3, 3])])[0].contains("3 twice"));
+        assert!(run(&[tickets("p2", 0, &[3])])[0].contains("not of its series"));
+        let flakes = Event::Snowflakes { t: 5, source: "p2".into(), ids: vec![10, 11] };
+        let generator = ClientIds { source: "gen-1-0".into(), ids: vec![12, 11] };
+        let v = check(&[flakes], &[generator], &[], &series());
+        assert!(v[0].what.contains("snowflake 11 twice"), "{v:?}");
+        let block = |first, last| Event::Block { t: 1, lineage: "p2".into(), life: 0, name: "b".into(), first, last };
+        assert!(run(&[block(1, 10), block(11, 20)]).is_empty());
+        assert!(run(&[block(1, 10), block(10, 20)])[0].contains("overlap"));
+    }
+}

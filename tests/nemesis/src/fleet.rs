@@ -1,0 +1,308 @@
+//! The fleet on loopback (SPEC §14): a registry; lineage `p1`, a primary
+//! that leases its machine id from the registry (through the proxy) with a
+//! synchronous standby, the two swapping slots at each promotion; lineage
+//! `p2`, a primary with a fixed machine id and the even ticket series (p1
+//! has the odd). Every server runs under libfaketime reading its clock's
+//! offset from a file of its own, so the nemesis steps running clocks.
+
+use pg_ticket_integration::{owned_dir, pg_tool, repo_root};
+use postgres::{Client, NoTls};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+pub const REGISTRY_DB: &str = "registry";
+pub const WORK_DB: &str = "postgres";
+
+pub struct Server {
+    pub name: String,
+    pub dir: PathBuf,
+    pub port: u16,
+    pub clock: PathBuf,
+}
+
+impl Server {
+    fn new(name: &str, port: u16, clock: &Path) -> Server {
+        Server { name: name.into(), dir: PathBuf::from(format!("/tmp/pgt-nem-{name}")), port, clock: clock.to_path_buf() }
+    }
+
+    /// initdb, `conf`, start under the clock file.
+    fn create(name: &str, port: u16, clock: &Path, conf: &[String]) -> Server {
+        let server = Server::new(name, port, clock);
+        let status = Command::new(repo_root().join("scripts/cluster.sh"))
+            .arg("start")
+            .arg(&server.dir)
+            .arg(port.to_string())
+            .args(conf)
+            .status()
+            .expect("scripts/cluster.sh");
+        assert!(status.success(), "{name} did not start; see {}/server.log", server.dir.display());
+        server.stop("fast");
+        server.up().unwrap_or_else(|e| panic!("{e}"));
+        server
+    }
+
+    pub fn data(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    pub fn dsn(&self, db: &str) -> String {
+        format!("host={} port={} user=postgres dbname={db} connect_timeout=5", self.dir.display(), self.port)
+    }
+
+    pub fn connect(&self, db: &str) -> Result<Client, postgres::Error> {
+        Client::connect(&self.dsn(db), NoTls)
+    }
+
+    /// Start it (again) under its clock file, retrying while a killed
+    /// server's processes let go of its shared memory: at most 60 s.
+    pub fn up(&self) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let status = Command::new(repo_root().join("scripts/cluster.sh"))
+                .arg("up")
+                .arg(&self.dir)
+                .env("FAKETIME_FILE", &self.clock)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status()
+                .expect("scripts/cluster.sh");
+            if status.success() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{} did not start again; see {}/server.log", self.name, self.dir.display()));
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    pub fn stop(&self, mode: &str) {
+        let _ = Command::new(repo_root().join("scripts/cluster.sh"))
+            .args(["stop".as_ref(), self.dir.as_os_str(), mode.as_ref()])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+
+    pub fn postmaster(&self) -> Option<i32> {
+        let pid = std::fs::read_to_string(self.data().join("postmaster.pid")).ok()?;
+        let pid: i32 = pid.lines().next()?.trim().parse().ok()?;
+        (unsafe { libc::kill(pid, 0) } == 0).then_some(pid)
+    }
+
+    pub fn running(&self) -> bool {
+        self.postmaster().is_some()
+    }
+
+    /// The postmaster and its children.
+    pub fn processes(&self) -> Vec<i32> {
+        let Some(pm) = self.postmaster() else { return vec![] };
+        let children = Command::new("pgrep").args(["-P", &pm.to_string()]).output().map(|o| o.stdout).unwrap_or_default();
+        let mut pids = vec![pm];
+        pids.extend(String::from_utf8_lossy(&children).split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+        pids
+    }
+
+    pub fn signal_all(&self, signal: i32) -> usize {
+        let pids = self.processes();
+        for pid in &pids {
+            unsafe { libc::kill(*pid, signal) };
+        }
+        pids.len()
+    }
+
+    /// `ALTER SYSTEM SET setting = 'value'` and a reload.
+    pub fn alter_system(&self, db: &str, setting: &str, value: &str) -> Result<(), postgres::Error> {
+        let mut c = self.connect(db)?;
+        c.batch_execute(&format!("ALTER SYSTEM SET {setting} = '{value}'"))?;
+        c.batch_execute("SELECT pg_reload_conf()")
+    }
+
+    /// Set this server's clock offset (libfaketime: "+0", "+30s", "-5s").
+    pub fn set_clock(&self, offset: &str) {
+        set_clock(&self.clock, offset);
+    }
+
+    /// Wait until it answers and (if `writable`) is out of recovery.
+    pub fn wait_ready(&self, writable: bool) -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let ready = self
+                .connect(WORK_DB)
+                .and_then(|mut c| c.query_one("SELECT pg_is_in_recovery()", &[]))
+                .map(|row| !writable || !row.get::<_, bool>(0));
+            if matches!(ready, Ok(true)) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{} is not ready after 90 s ({ready:?}); see {}/server.log", self.name, self.dir.display()));
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// A hot standby of `primary` in this server's directory (made anew).
+    fn standby_of(name: &str, port: u16, clock: &Path, primary: &Server) -> Server {
+        let server = Server::new(name, port, clock);
+        server.signal_all(libc::SIGKILL);
+        owned_dir(&server.dir);
+        pg_tool(
+            "pg_basebackup",
+            &["-D", server.data().to_str().unwrap(), "-R", "-X", "stream", "-h", primary.dir.to_str().unwrap(), "-p", &primary.port.to_string(), "-U", "postgres"],
+        );
+        append_conf(&server.data(), &[format!("port = {port}"), format!("unix_socket_directories = '{}'", server.dir.display())]);
+        server.up().unwrap_or_else(|e| panic!("{e}"));
+        server
+    }
+}
+
+pub fn set_clock(file: &Path, offset: &str) {
+    std::fs::write(file, format!("{offset}\n")).unwrap_or_else(|e| panic!("write {}: {e}", file.display()));
+}
+
+fn append_conf(data: &Path, lines: &[String]) {
+    let mut f = std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).unwrap();
+    for line in lines {
+        std::io::Write::write_all(&mut f, format!("{line}\n").as_bytes()).unwrap();
+    }
+}
+
+/// The primary and standby of lineage p1; they swap at each promotion.
+pub struct Pair {
+    pub primary: Server,
+    pub standby: Option<Server>,
+}
+
+pub struct Fleet {
+    pub registry: Server,
+    pub p1: Mutex<Pair>,
+    pub p2: Server,
+    pub work: PathBuf,
+    /// For `Pair` slots: (name, port) of the two.
+    slots: [(&'static str, u16); 2],
+}
+
+pub const REGISTRY_PORT: u16 = 55530;
+pub const P2_PORT: u16 = 55533;
+const SLOTS: [(&str, u16); 2] = [("a", 55531), ("b", 55532)];
+
+/// (offset, increment) of each lineage's tickets.
+pub const SERIES: [(&str, (i64, i64)); 2] = [("p1", (1, 2)), ("p2", (2, 2))];
+
+impl Fleet {
+    pub fn start(work: &Path, registry_via_proxy: impl Fn(&Server) -> String) -> Fleet {
+        let clock = |name: &str| {
+            let path = work.join(format!("clock-{name}"));
+            set_clock(&path, "+0");
+            path
+        };
+        let common = ["max_connections = 100".to_string(), "pg_ticket.ticket_wait_timeout = '5s'".into()];
+        let registry = Server::create(
+            "r",
+            REGISTRY_PORT,
+            &clock("r"),
+            &[
+                common.to_vec(),
+                vec![
+                    "pg_ticket.machine_id = 999".into(),
+                    "pg_ticket.lease_ids = '1-40'".into(),
+                    "pg_ticket.lease_margin = '1s'".into(),
+                    "pg_ticket.lease_max_ttl = '10s'".into(),
+                ],
+            ]
+            .concat(),
+        );
+        let mut admin = registry.connect("postgres").expect("registry");
+        admin.batch_execute(&format!("CREATE DATABASE {REGISTRY_DB}")).unwrap();
+        create_extension(&registry, REGISTRY_DB).expect("the registry's extension");
+        let registry_dsn = registry_via_proxy(&registry);
+        let (name, port) = SLOTS[0];
+        let p1_clock = clock("p1");
+        let primary = Server::create(
+            name,
+            port,
+            &p1_clock,
+            &[
+                common.to_vec(),
+                vec![
+                    "pg_ticket.machine_id = -1".into(),
+                    format!("pg_ticket.registry = '{registry_dsn}'"),
+                    "pg_ticket.machine_lease_ttl = '3s'".into(),
+                    "pg_ticket.ticket_offset = 1".into(),
+                    "pg_ticket.ticket_increment = 2".into(),
+                    "wal_keep_size = '256MB'".into(),
+                ],
+            ]
+            .concat(),
+        );
+        create_extension(&primary, WORK_DB).expect("p1's extension");
+        let (name, port) = SLOTS[1];
+        let standby = Server::standby_of(name, port, &p1_clock, &primary);
+        make_synchronous(&primary).expect("synchronous standby");
+        let p2 = Server::create(
+            "p2",
+            P2_PORT,
+            &clock("p2"),
+            &[
+                common.to_vec(),
+                vec!["pg_ticket.machine_id = 900".into(), "pg_ticket.ticket_offset = 2".into(), "pg_ticket.ticket_increment = 2".into()],
+            ]
+            .concat(),
+        );
+        create_extension(&p2, WORK_DB).expect("p2's extension");
+        Fleet { registry, p1: Mutex::new(Pair { primary, standby: Some(standby) }), p2, work: work.to_path_buf(), slots: SLOTS }
+    }
+
+    /// Lineage p1 through whichever of its servers is the primary now.
+    pub fn p1_dsn(&self) -> String {
+        let [(a, pa), (b, pb)] = self.slots;
+        format!(
+            "host=/tmp/pgt-nem-{a},/tmp/pgt-nem-{b} port={pa},{pb} user=postgres dbname={WORK_DB} target_session_attrs=read-write connect_timeout=5"
+        )
+    }
+
+    /// A new standby for `pair`'s primary, in the other slot.
+    pub fn rebuild_standby(&self, pair: &mut Pair) {
+        let (name, port) = *self.slots.iter().find(|(n, _)| *n != pair.primary.name).unwrap();
+        pair.standby = Some(Server::standby_of(name, port, &pair.primary.clock, &pair.primary));
+        if let Err(e) = make_synchronous(&pair.primary) {
+            eprintln!("nemesis: synchronous_standby_names on {}: {e}", pair.primary.name);
+        }
+    }
+
+    pub fn all_servers(&self, f: &mut dyn FnMut(&Server)) {
+        f(&self.registry);
+        f(&self.p2);
+        let pair = self.p1.lock().unwrap_or_else(|p| p.into_inner());
+        f(&pair.primary);
+        if let Some(s) = &pair.standby {
+            f(s);
+        }
+    }
+
+    pub fn stop_all(&self) {
+        self.all_servers(&mut |s| {
+            s.signal_all(libc::SIGCONT);
+            s.stop("immediate");
+        });
+    }
+}
+
+/// Commits on `primary` wait for its standby (set once it has one: a
+/// primary without its standby would wait for ever).
+fn make_synchronous(primary: &Server) -> Result<(), postgres::Error> {
+    primary.alter_system(WORK_DB, "synchronous_standby_names", "*")
+}
+
+/// `CREATE EXTENSION pg_ticket`, and (0.3.0) the registry's "new to its
+/// fleet": a created registry otherwise holds off its first grants.
+pub fn create_extension(server: &Server, db: &str) -> Result<(), postgres::Error> {
+    let mut c = server.connect(db)?;
+    c.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_ticket")?;
+    let has_hold_off = c.query_one("SELECT count(*) FROM pg_proc WHERE proname = 'end_lease_hold_off'", &[])?.get::<_, i64>(0) > 0;
+    if has_hold_off {
+        c.batch_execute("SELECT end_lease_hold_off()")?;
+    }
+    Ok(())
+}
