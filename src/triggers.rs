@@ -14,7 +14,8 @@
 //! and gap-free like `next_scoped_id`, and `assign_ticket` never waits on
 //! another transaction like `next_ticket`. Columns are resolved by name on
 //! every row: a misnamed or mistyped column fails at the first row, with
-//! 42703 or 42804.
+//! 42703 or 42804 — unless the trigger was made with `number_rows()`
+//! (sql/schema.sql), which runs the same checks when it creates it.
 //!
 //! The scope taken from a column is its value's canonical text (SPEC
 //! §13.9): a type whose output depends on session settings (dates, times,

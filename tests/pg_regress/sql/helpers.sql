@@ -56,6 +56,47 @@ INSERT INTO invoice_h (shop, total) VALUES ('shop-9', 1);
 DROP TRIGGER too_late ON invoice_h;
 SELECT count(*) AS nothing_taken FROM pgticket.marks WHERE queue IN ('x', 'shop-9');
 
+-- number_rows(): the trigger made with its arguments checked at once.
+CREATE TABLE invoice_n (shop text, fiscal_year int, no numeric(6), note text);
+SELECT number_rows('invoice_n', 'no', 'shop', domain => 'invoice-n');
+INSERT INTO invoice_n (shop) VALUES ('shop-1'), ('shop-1'), ('shop-2') RETURNING shop, no;
+SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'invoice_n'::regclass;
+-- Each mistake refused when the trigger is made, with the trigger's SQLSTATE.
+SELECT number_rows('invoice_n', 'number', 'shop', domain => 'd');          -- no such id column
+\echo :LAST_ERROR_SQLSTATE
+SELECT number_rows('invoice_n', 'no', 'branch', domain => 'd');            -- no such queue column
+\echo :LAST_ERROR_SQLSTATE
+SELECT number_rows('invoice_n', 'no', 'shop', domain_column => 'year');    -- no such domain column
+\echo :LAST_ERROR_SQLSTATE
+SELECT number_rows('invoice_n', 'note', 'shop', domain => 'd');            -- an id column of text
+\echo :LAST_ERROR_SQLSTATE
+SELECT number_rows('invoice_n', 'no', 'shop');                             -- no domain
+\echo :LAST_ERROR_SQLSTATE
+SELECT number_rows('invoice_n', 'no', 'shop', 'd', 'fiscal_year');         -- both
+\echo :LAST_ERROR_SQLSTATE
+SELECT number_rows('invoice_n', 'no', 'shop', domain => '');               -- an empty domain
+\echo :LAST_ERROR_SQLSTATE
+SELECT number_rows('invoice_n', 'no', 'shop', domain => 'd', allocator => 'sequence');
+\echo :LAST_ERROR_SQLSTATE
+SELECT number_rows(NULL, 'no', 'shop', domain => 'd');
+\echo :LAST_ERROR_SQLSTATE
+SELECT number_rows('invoice_n', 'no', 'shop', domain => 'd');              -- the trigger exists
+\echo :LAST_ERROR_SQLSTATE
+SELECT count(*) AS one_trigger FROM pg_trigger WHERE tgrelid = 'invoice_n'::regclass;
+-- A domain column and tickets; an id column of a domain over bigint.
+CREATE DOMAIN ticket_no AS bigint CHECK (VALUE > 0);
+CREATE TABLE invoice_t (shop text, fiscal_year int, no ticket_no);
+SELECT number_rows('invoice_t', 'no', 'shop', domain_column => 'fiscal_year', allocator => 'ticket');
+INSERT INTO invoice_t (shop, fiscal_year) VALUES ('shop-1', 2026), ('shop-1', 2026);
+SELECT count(DISTINCT no) AS two_tickets FROM invoice_t;
+-- An ordinary role cannot put a trigger on a table it does not own.
+CREATE ROLE number_rows_plain;
+SET ROLE number_rows_plain;
+SELECT number_rows('invoice_n', 'no', 'shop', domain => 'other');
+\echo :LAST_ERROR_SQLSTATE
+RESET ROLE;
+DROP ROLE number_rows_plain;
+
 -- Time ranges on snowflake keys: every machine's IDs of a millisecond.
 SELECT snowflake_min_id('2026-01-01 00:00:00+00') AS min_at_epoch,
        snowflake_max_id('2026-01-01 00:00:00+00') AS max_at_epoch;
