@@ -261,7 +261,25 @@ BEGIN
             RAISE EXCEPTION 'column "%" of table % does not exist', column_name, relation
                 USING ERRCODE = 'undefined_column';
         END IF;
+        -- A BEFORE trigger sees a generated column as NULL, and the
+        -- generated value replaces the number it sets.
+        IF EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = relation AND a.attname = column_name AND a.attgenerated <> '') THEN
+            RAISE EXCEPTION 'column "%" of table % is generated: the trigger can neither read it nor set it', column_name, relation
+                USING ERRCODE = 'invalid_parameter_value';
+        END IF;
     END LOOP;
+    IF id_column IN (queue_column, domain_column) THEN
+        RAISE EXCEPTION 'number_rows: the id column "%" cannot also name the scope (it is NULL when the trigger runs)', id_column
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- An identity or DEFAULT fills the column before the trigger runs, so
+    -- it would number nothing.
+    IF EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = relation AND a.attname = id_column
+                                              AND (a.attidentity <> '' OR a.atthasdef)) THEN
+        RAISE EXCEPTION 'column "%" of table % has an identity or a default: the trigger numbers only rows inserted without a value', id_column, relation
+            USING ERRCODE = 'invalid_parameter_value',
+                  HINT = 'ALTER TABLE ... ALTER COLUMN ... DROP DEFAULT (or DROP IDENTITY) first.';
+    END IF;
     SELECT a.atttypid INTO id_type FROM pg_attribute a WHERE a.attrelid = relation AND a.attname = id_column;
     WHILE (SELECT t.typtype FROM pg_type t WHERE t.oid = id_type) = 'd' LOOP
         SELECT t.typbasetype INTO id_type FROM pg_type t WHERE t.oid = id_type;

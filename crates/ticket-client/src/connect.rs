@@ -16,14 +16,19 @@
 //! pg_ticket's functions qualified with the schema the extension lives in,
 //! so nothing a role put on its own `search_path` is called instead.
 //!
-//! A reply that carries a WARNING is a lost reply too: PostgreSQL reports
-//! a synchronous-standby wait cancelled by an administrator
-//! (`pg_cancel_backend`) only as a WARNING ("the transaction has already
-//! committed locally, but might not have been replicated") and then answers
-//! as if the commit succeeded; a failover then loses it, and a lease or
-//! block used on its strength would be granted again. The text may be
-//! translated and has no SQLSTATE of its own, so any WARNING counts (none
-//! of pg_ticket's calls raise one otherwise).
+//! A reply that carries a plain WARNING (SQLSTATE 01000) is a lost reply
+//! too: PostgreSQL reports a synchronous-standby wait cancelled by an
+//! administrator (`pg_cancel_backend`) only as such a WARNING ("the
+//! transaction has already committed locally, but might not have been
+//! replicated") and then answers as if the commit succeeded; a failover
+//! then loses it, and a lease or block used on its strength would be
+//! granted again. Its text may be translated, so the SQLSTATE decides;
+//! pg_ticket's calls raise no other WARNING of that code. Warnings with a
+//! code of their own (a setting refused when a backend loads the library,
+//! 22023) are not about the commit: counting them made every call on such
+//! a server a lost reply, and a keeper leased id after id. The session
+//! pins `client_min_messages = warning`, as a role, database or `options=`
+//! setting of `error` would hide the WARNING.
 //!
 //! libpq is loaded when the first connection is made (`dlopen`, with its
 //! symbols kept local), not linked: inside a PostgreSQL server a linked
@@ -239,7 +244,7 @@ pub struct Conn {
     warning: Box<Mutex<Option<String>>>,
 }
 
-/// libpq's notice receiver: keeps the first WARNING of a call.
+/// libpq's notice receiver: keeps the first plain WARNING (01000) of a call.
 unsafe extern "C" fn keep_warning(arg: *mut c_void, result: *const PGresult) {
     // SAFETY: `arg` is the connection's `warning`, which outlives the
     // connection; `result` is a notice, valid during this call.
@@ -248,7 +253,7 @@ unsafe extern "C" fn keep_warning(arg: *mut c_void, result: *const PGresult) {
         let p = unsafe { (pq().PQresultErrorField)(result, code) };
         (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
     };
-    if field(PG_DIAG_SEVERITY_NONLOCALIZED).as_deref() == Some("WARNING") {
+    if field(PG_DIAG_SEVERITY_NONLOCALIZED).as_deref() == Some("WARNING") && field(PG_DIAG_SQLSTATE).as_deref() == Some("01000") {
         let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
             *slot = Some(field(PG_DIAG_MESSAGE_PRIMARY).unwrap_or_default());
@@ -337,7 +342,8 @@ impl Conn {
         conn.query_one(
             "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false), \
                     pg_catalog.set_config('lock_timeout', $1, false), pg_catalog.set_config('statement_timeout', $2, false), \
-                    pg_catalog.set_config('client_connection_check_interval', '1000', false)",
+                    pg_catalog.set_config('client_connection_check_interval', '1000', false), \
+                    pg_catalog.set_config('client_min_messages', 'warning', false)",
             &[(&bound_ms).into(), (&twice_ms).into()],
             stop,
         )?;

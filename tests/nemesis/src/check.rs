@@ -16,6 +16,9 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 
 #[derive(Debug)]
 pub struct Violation {
+    /// What was broken ("ticket twice", "block overlap", ...), for the
+    /// report's summary.
+    pub kind: &'static str,
     pub what: String,
     /// When the entries involved were received (ms), for the faults around.
     pub times: Vec<u64>,
@@ -32,7 +35,9 @@ type Key = (String, u32, String); // lineage, life, scope or name
 pub fn check(events: &[Event], generators: &[ClientIds], pools: &[ClientIds], series: &HashMap<String, (i64, i64)>) -> Vec<Violation> {
     let mut found = Vec::new();
     snowflakes(events, generators, &mut found);
+    machine_ids_held_once(events, generators, &mut found);
     tickets(events, series, &mut found);
+    tickets_increase(events, &mut found);
     counters(events, &mut found);
     blocks(events, pools, &mut found);
     found
@@ -63,9 +68,87 @@ fn snowflakes(events: &[Event], generators: &[ClientIds], found: &mut Vec<Violat
         let ((id, a, ta), (_, b, tb)) = (pair[0], pair[1]);
         if pair[0].0 == pair[1].0 {
             found.push(Violation {
+                kind: "snowflake twice",
                 what: format!("snowflake {id} twice: from {a} (at {}) and from {b} (at {})", at(ta), at(tb)),
                 times: [ta, tb].into_iter().flatten().collect(),
             });
+        }
+    }
+}
+
+/// Two holders stamping with one machine id at once: the stamps of each
+/// source (a client process's run, a lineage's server), in time order, cut
+/// into runs of one machine id; runs of two sources with the same machine
+/// id must not share a millisecond (a new holder stamps only above the old
+/// one's end plus the margin, SPEC §8). This holds whether or not the two
+/// happened to make the same ID.
+fn machine_ids_held_once(events: &[Event], generators: &[ClientIds], found: &mut Vec<Violation>) {
+    let mut by_source: BTreeMap<&str, Vec<(u64, u16)>> = BTreeMap::new();
+    for e in events {
+        if let Event::Snowflakes { source, ids, .. } = e {
+            let list = by_source.entry(source.as_str()).or_default();
+            list.extend(ids.iter().filter_map(|id| ticket_core::snowflake::decompose(*id).ok()).map(|p| (p.millis, p.machine_id)));
+        }
+    }
+    for g in generators {
+        let list = by_source.entry(g.source.as_str()).or_default();
+        list.extend(g.ids.iter().filter_map(|id| ticket_core::snowflake::decompose(*id).ok()).map(|p| (p.millis, p.machine_id)));
+    }
+    // (machine id, first ms, last ms, source)
+    let mut runs: Vec<(u16, u64, u64, &str)> = Vec::new();
+    for (source, mut stamps) in by_source {
+        stamps.sort_unstable();
+        for (ms, machine) in stamps {
+            match runs.last_mut() {
+                Some(run) if run.3 == source && run.0 == machine => run.2 = ms,
+                _ => runs.push((machine, ms, ms, source)),
+            }
+        }
+    }
+    runs.sort_unstable();
+    // Each run against the one of its machine id reaching furthest so far.
+    let mut furthest: Option<(u16, u64, u64, &str)> = None;
+    for run in runs {
+        let (m, b1, b2, sb) = run;
+        match furthest {
+            Some((n, a1, a2, sa)) if n == m => {
+                if b1 <= a2 && sa != sb {
+                    found.push(Violation {
+                        kind: "machine id held twice at once",
+                        what: format!("machine id {m}: {sa} stamped {a1}-{a2} ms and {sb} stamped {b1}-{b2} ms (since the epoch)"),
+                        times: vec![],
+                    });
+                }
+                if b2 > a2 {
+                    furthest = Some(run);
+                }
+            }
+            _ => furthest = Some(run),
+        }
+    }
+}
+
+/// Tickets of one scope come from one client thread per lineage: within a
+/// life each is above the one before (a scope's tickets only increase on a
+/// server, and a promoted standby continues above). 0.2.0 served a dropped
+/// extension's cached tickets in the new one, then the new table's.
+fn tickets_increase(events: &[Event], found: &mut Vec<Violation>) {
+    let mut last: HashMap<Key, (i64, u64)> = HashMap::new();
+    for e in events {
+        if let Event::Tickets { t, lineage, life, scope, values } = e {
+            let key = (lineage.clone(), *life, scope.clone());
+            for v in values {
+                if let Some(&(before, t_before)) = last.get(&key) {
+                    if *v <= before {
+                        found.push(Violation {
+                            kind: "ticket not above the one before",
+                            what: format!("ticket of ({lineage}, life {life}, {scope}): {v} (at {}) after {before} (at {})", at(Some(*t)), at(Some(t_before))),
+                            times: vec![t_before, *t],
+                        });
+                    }
+                }
+                last.insert(key.clone(), (*v, *t));
+            }
         }
     }
 }
@@ -83,6 +166,7 @@ fn tickets(events: &[Event], series: &HashMap<String, (i64, i64)>, found: &mut V
             if let Some((offset, increment)) = series.get(lineage) {
                 for v in values.iter().filter(|v| (*v - offset).rem_euclid(*increment) != 0) {
                     found.push(Violation {
+                        kind: "ticket of another series",
                         what: format!("ticket {v} of ({lineage}, {scope}) is not of its series (offset {offset}, increment {increment})"),
                         times: vec![*t],
                     });
@@ -92,19 +176,20 @@ fn tickets(events: &[Event], series: &HashMap<String, (i64, i64)>, found: &mut V
     }
     let promoted = promotions(events);
     for ((lineage, life, scope), values) in &by_scope {
-        duplicates(values, &format!("ticket of ({lineage}, life {life}, {scope})"), found);
+        duplicates(values, "ticket twice", &format!("ticket of ({lineage}, life {life}, {scope})"), found);
         for &p in promoted.get(lineage).into_iter().flatten() {
-            above_after(values, p, &format!("ticket of ({lineage}, life {life}, {scope})"), found);
+            above_after(values, p, "ticket not above a failover", &format!("ticket of ({lineage}, life {life}, {scope})"), found);
         }
     }
 }
 
-fn duplicates(values: &[(i64, u64)], what: &str, found: &mut Vec<Violation>) {
+fn duplicates(values: &[(i64, u64)], kind: &'static str, what: &str, found: &mut Vec<Violation>) {
     let mut sorted = values.to_vec();
     sorted.sort_unstable();
     for pair in sorted.windows(2) {
         if pair[0].0 == pair[1].0 {
             found.push(Violation {
+                kind,
                 what: format!("{what}: {} twice (at {} and {})", pair[0].0, at(Some(pair[0].1)), at(Some(pair[1].1))),
                 times: vec![pair[0].1, pair[1].1],
             });
@@ -113,12 +198,13 @@ fn duplicates(values: &[(i64, u64)], what: &str, found: &mut Vec<Violation>) {
 }
 
 /// Everything received after the promotion at `p` above everything before.
-fn above_after(values: &[(i64, u64)], p: u64, what: &str, found: &mut Vec<Violation>) {
+fn above_after(values: &[(i64, u64)], p: u64, kind: &'static str, what: &str, found: &mut Vec<Violation>) {
     let before = values.iter().filter(|(_, t)| *t < p).max_by_key(|(v, _)| *v);
     let after = values.iter().filter(|(_, t)| *t > p).min_by_key(|(v, _)| *v);
     if let (Some(&(high, t_high)), Some(&(low, t_low))) = (before, after) {
         if low <= high {
             found.push(Violation {
+                kind,
                 what: format!("{what}: {low} after the promotion at {} is not above {high} before it", at(Some(p))),
                 times: vec![t_high, p, t_low],
             });
@@ -151,19 +237,20 @@ fn counters(events: &[Event], found: &mut Vec<Violation>) {
     for (key, values) in &committed {
         let (lineage, life, scope) = key;
         let what = format!("scoped counter ({lineage}, life {life}, {scope})");
-        duplicates(values, &what, found);
+        duplicates(values, "counter value committed twice", &what, found);
         for &p in promoted.get(lineage).into_iter().flatten() {
-            above_after(values, p, &what, found);
+            above_after(values, p, "counter not above a failover", &what, found);
         }
         let Some(&(mark, t_mark)) = marks.get(key) else { continue };
         let maybe = unknown.get(key).unwrap_or(&none);
         let kept: HashSet<i64> = values.iter().map(|(v, _)| *v).collect();
         if let Some(&(v, t)) = values.iter().find(|(v, _)| *v > mark || *v < 1) {
-            found.push(Violation { what: format!("{what}: committed {v} is outside 1..{mark} (the mark at the end)"), times: vec![t, t_mark] });
+            found.push(Violation { kind: "counter value outside 1..mark", what: format!("{what}: committed {v} is outside 1..{mark} (the mark at the end)"), times: vec![t, t_mark] });
         }
         let gaps: Vec<i64> = (1..=mark).filter(|v| !kept.contains(v) && !maybe.contains(v)).collect();
         if !gaps.is_empty() {
             found.push(Violation {
+                kind: "counter gap",
                 what: format!("{what}: {} value(s) of 1..{mark} never committed (a gap), first {:?}", gaps.len(), &gaps[..gaps.len().min(5)]),
                 times: vec![t_mark],
             });
@@ -184,6 +271,7 @@ fn blocks(events: &[Event], pools: &[ClientIds], found: &mut Vec<Violation>) {
             let ((a1, a2, ta), (b1, b2, tb)) = (pair[0], pair[1]);
             if b1 <= a2 {
                 found.push(Violation {
+                    kind: "blocks overlapping",
                     what: format!("block ({lineage}, life {life}, {name}): {a1}-{a2} (at {}) and {b1}-{b2} (at {}) overlap", at(Some(ta)), at(Some(tb))),
                     times: vec![ta, tb],
                 });
@@ -194,7 +282,7 @@ fn blocks(events: &[Event], pools: &[ClientIds], found: &mut Vec<Violation>) {
     ids.sort_unstable();
     for pair in ids.windows(2) {
         if pair[0].0 == pair[1].0 {
-            found.push(Violation { what: format!("block pool ID {} twice: from {} and {}", pair[0].0, pair[0].1, pair[1].1), times: vec![] });
+            found.push(Violation { kind: "block pool ID twice", what: format!("block pool ID {} twice: from {} and {}", pair[0].0, pair[0].1, pair[1].1), times: vec![] });
         }
     }
 }
@@ -249,5 +337,26 @@ mod tests {
         let block = |first, last| Event::Block { t: 1, lineage: "p2".into(), life: 0, name: "b".into(), first, last };
         assert!(run(&[block(1, 10), block(11, 20)]).is_empty());
         assert!(run(&[block(1, 10), block(10, 20)])[0].contains("overlap"));
+    }
+
+    #[test]
+    fn a_machine_id_stamped_by_two_holders_at_once_and_a_ticket_falling_back_are_caught() {
+        let id = |ms: i64, machine: i64, seq: i64| (ms << 22) | (machine << 12) | seq;
+        let kinds = |events: &[Event], gens: &[ClientIds]| -> Vec<&'static str> { check(events, gens, &[], &series()).into_iter().map(|v| v.kind).collect() };
+        // One after the other (the second above the first's end): fine; the
+        // same holder again later: fine.
+        let a = ClientIds { source: "gen-0-1".into(), ids: vec![id(100, 7, 0), id(200, 7, 0)] };
+        let b = ClientIds { source: "gen-1-1".into(), ids: vec![id(201, 7, 0), id(300, 7, 5)] };
+        let p1 = Event::Snowflakes { t: 1, source: "p1".into(), ids: vec![id(150, 8, 0), id(400, 7, 0)] };
+        assert!(kinds(std::slice::from_ref(&p1), &[a, b]).is_empty());
+        // Overlapping in time with the same machine id, no ID in common.
+        let long = ClientIds { source: "gen-0-2".into(), ids: vec![id(1000, 9, 0), id(5000, 9, 0)] };
+        let short = ClientIds { source: "gen-1-2".into(), ids: vec![id(1100, 9, 1)] };
+        let late = ClientIds { source: "gen-2-2".into(), ids: vec![id(3000, 9, 2)] };
+        assert_eq!(kinds(&[], &[long, short, late]), ["machine id held twice at once", "machine id held twice at once"]);
+
+        let tickets = |life, values: &[i64]| Event::Tickets { t: 1, lineage: "p2".into(), life, scope: "s".into(), values: values.to_vec() };
+        assert!(kinds(&[tickets(0, &[2, 4]), tickets(0, &[8]), tickets(1, &[2])], &[]).is_empty(), "a new life starts over");
+        assert_eq!(kinds(&[tickets(1, &[40, 42]), tickets(1, &[2])], &[]), ["ticket not above the one before"], "an old life's cache, then the new table");
     }
 }

@@ -4,12 +4,17 @@
 //! record file; a supervisor starts the next run of a slot when one ends
 //! (it ran its count, it was killed, it gave up). They run under
 //! libfaketime with one clock file for all, so clocks step under them too.
+//! A process that records nothing for `STALL` (past any fault's pause and
+//! a registry's hold-off) is killed and counted: the client hung (0.2.0's
+//! client had unbounded calls), and a hung holder proves nothing.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+const STALL: Duration = Duration::from_secs(30);
 
 pub const GENERATORS: usize = 3;
 
@@ -18,6 +23,8 @@ struct Slot {
     args: Vec<String>,
     run: u32,
     child: Option<Child>,
+    /// The record file's size and when it last grew.
+    progress: (u64, Instant),
 }
 
 pub struct Clients {
@@ -26,6 +33,8 @@ pub struct Clients {
     pub clock: PathBuf,
     slots: Mutex<Vec<Slot>>,
     stop: AtomicBool,
+    /// Processes killed for recording nothing for `STALL`.
+    pub stalled: AtomicU64,
 }
 
 fn faketime_lib() -> String {
@@ -45,10 +54,18 @@ impl Clients {
                 args: vec!["gen".into(), registry_dsn.into(), format!("nemesis-gen-{i}"), "3000".into(), "OUT".into(), "20000".into()],
                 run: 0,
                 child: None,
+                progress: (0, Instant::now()),
             })
             .collect();
-        slots.push(Slot { name: "pool-0".into(), args: vec!["blocks".into(), p1_dsn.into(), "pool".into(), "200".into(), "OUT".into(), "5000".into()], run: 0, child: None });
-        let clients = Arc::new(Clients { bin: bin.to_path_buf(), dir, clock, slots: Mutex::new(slots), stop: AtomicBool::new(false) });
+        slots.push(Slot { name: "pool-0".into(), args: vec!["blocks".into(), p1_dsn.into(), "pool".into(), "200".into(), "OUT".into(), "5000".into()], run: 0, child: None, progress: (0, Instant::now()) });
+        let clients = Arc::new(Clients {
+            bin: bin.to_path_buf(),
+            dir,
+            clock,
+            slots: Mutex::new(slots),
+            stop: AtomicBool::new(false),
+            stalled: AtomicU64::new(0),
+        });
         let supervisor = clients.clone();
         std::thread::spawn(move || supervisor.supervise());
         clients
@@ -64,8 +81,22 @@ impl Clients {
                         None => true,
                         Some(child) => child.try_wait().map(|s| s.is_some()).unwrap_or(true),
                     };
+                    if !ended {
+                        let size = std::fs::metadata(self.dir.join(format!("{}-{}.bin", slot.name, slot.run))).map_or(0, |m| m.len());
+                        if size != slot.progress.0 {
+                            slot.progress = (size, Instant::now());
+                        } else if slot.progress.1.elapsed() > STALL {
+                            if let Some(child) = &mut slot.child {
+                                unsafe { libc::kill(child.id() as i32, libc::SIGCONT) };
+                                let _ = child.kill();
+                                let _ = child.wait();
+                            }
+                            self.stalled.fetch_add(1, Ordering::SeqCst);
+                        }
+                    }
                     if ended && !self.stop.load(Ordering::SeqCst) {
                         slot.run += 1;
+                        slot.progress = (0, Instant::now());
                         let out = self.dir.join(format!("{}-{}.bin", slot.name, slot.run));
                         let args: Vec<String> = slot.args.iter().map(|a| if a == "OUT" { out.display().to_string() } else { a.clone() }).collect();
                         let log = std::fs::File::create(self.dir.join(format!("{}-{}.log", slot.name, slot.run))).unwrap();

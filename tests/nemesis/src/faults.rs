@@ -411,7 +411,7 @@ impl World<'_> {
         let out = std::process::Command::new("runuser")
             .args(["-u", "postgres", "--"])
             .arg(pg_ticket_integration::pg_bindir().join("pg_basebackup"))
-            .args(["-D", dir.join("data").to_str().unwrap(), "-X", "stream", "-h", r.dir.to_str().unwrap(), "-p", &r.port.to_string(), "-U", "postgres"])
+            .args(["-D", dir.join("data").to_str().unwrap(), "-X", "stream", "-c", "fast", "-h", r.dir.to_str().unwrap(), "-p", &r.port.to_string(), "-U", "postgres"])
             .output();
         let ok = out.as_ref().is_ok_and(|o| o.status.success());
         self.history.fault("registry_backup", if ok { "taken".to_string() } else { format!("failed: {out:?}") });

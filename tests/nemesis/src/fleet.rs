@@ -149,7 +149,9 @@ impl Server {
         owned_dir(&server.dir);
         pg_tool(
             "pg_basebackup",
-            &["-D", server.data().to_str().unwrap(), "-R", "-X", "stream", "-h", primary.dir.to_str().unwrap(), "-p", &primary.port.to_string(), "-U", "postgres"],
+            // A fast checkpoint: a spread one takes up to 90% of checkpoint_timeout
+            // (minutes), and the fleet waits for it.
+            &["-D", server.data().to_str().unwrap(), "-R", "-X", "stream", "-c", "fast", "-h", primary.dir.to_str().unwrap(), "-p", &primary.port.to_string(), "-U", "postgres"],
         );
         append_conf(&server.data(), &[format!("port = {port}"), format!("unix_socket_directories = '{}'", server.dir.display())]);
         server.up().unwrap_or_else(|e| panic!("{e}"));
@@ -206,7 +208,7 @@ impl Fleet {
                 common.to_vec(),
                 vec![
                     "pg_ticket.machine_id = 999".into(),
-                    "pg_ticket.lease_ids = '1-40'".into(),
+                    "pg_ticket.lease_ids = '1-8'".into(), // few: a restored registry soon reuses a live one
                     "pg_ticket.lease_margin = '1s'".into(),
                     "pg_ticket.lease_max_ttl = '10s'".into(),
                 ],

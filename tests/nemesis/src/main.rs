@@ -120,6 +120,8 @@ fn run(args: &Args) -> i32 {
     std::thread::sleep(Duration::from_secs(5));
     stop.store(true, Ordering::SeqCst);
     clients.kill_all();
+    let stalled = clients.stalled.load(Ordering::SeqCst);
+    history.fault("client_stalled", format!("{stalled} client process(es) killed after recording nothing for 30 s"));
     let deadline = Instant::now() + Duration::from_secs(60);
     while threads.iter().any(|t| !t.is_finished()) && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(100));
@@ -161,6 +163,7 @@ fn report(work: &Path, seed: Option<u64>) -> i32 {
     for e in &events {
         match e {
             history::Event::Fault { kind, detail, .. } if kind == "error" => errors.push(detail.clone()),
+            history::Event::Fault { kind, detail, .. } if kind == "client_stalled" => println!("nemesis: {detail}"),
             history::Event::Fault { kind, .. } if kind == "warned_commit" => *received.entry("blocks answered with a WARNING (not used)").or_default() += 1,
             history::Event::Fault { kind, .. } => {
                 if let Some(n) = faults.get_mut(kind.as_str()) {
@@ -191,8 +194,20 @@ fn report(work: &Path, seed: Option<u64>) -> i32 {
         return 0;
     }
     println!("nemesis: {} violation(s){}", violations.len(), seed.map(|s| format!(" with seed {s}")).unwrap_or_default());
-    for v in violations.iter().take(20) {
-        println!("  VIOLATION: {}", v.what);
+    let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+    for v in &violations {
+        *kinds.entry(v.kind).or_default() += 1;
+    }
+    println!("nemesis: by kind: {}", kinds.iter().map(|(k, n)| format!("{k} {n}")).collect::<Vec<_>>().join(", "));
+    // The first three of each kind, with the faults around them.
+    let mut shown: BTreeMap<&str, usize> = BTreeMap::new();
+    for v in &violations {
+        let n = shown.entry(v.kind).or_default();
+        *n += 1;
+        if *n > 3 {
+            continue;
+        }
+        println!("  VIOLATION ({}): {}", v.kind, v.what);
         let (from, to) = (v.times.iter().min().map_or(0, |t| t.saturating_sub(15_000)), v.times.iter().max().map_or(u64::MAX, |t| t + 2_000));
         for e in &events {
             if let history::Event::Fault { t, kind, detail } = e {

@@ -72,7 +72,7 @@ fn connect(dsn: &str) -> Option<Conn> {
     let warning = Arc::new(AtomicBool::new(false));
     let flag = warning.clone();
     config.notice_callback(move |notice| {
-        if notice.parsed_severity() == Some(postgres::error::Severity::Warning) {
+        if notice.parsed_severity() == Some(postgres::error::Severity::Warning) && *notice.code() == postgres::error::SqlState::WARNING {
             flag.store(true, Ordering::SeqCst);
         }
     });

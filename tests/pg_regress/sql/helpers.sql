@@ -80,6 +80,19 @@ SELECT number_rows('invoice_n', 'no', 'shop', domain => 'd', allocator => 'seque
 \echo :LAST_ERROR_SQLSTATE
 SELECT number_rows(NULL, 'no', 'shop', domain => 'd');
 \echo :LAST_ERROR_SQLSTATE
+CREATE TABLE invoice_g (shop text, tag text GENERATED ALWAYS AS ('shop-' || shop) STORED,
+                        no bigint, made bigint GENERATED ALWAYS AS IDENTITY, given bigint DEFAULT 0);
+SELECT number_rows('invoice_g', 'no', 'tag', domain => 'd');               -- a generated queue column
+\echo :LAST_ERROR_SQLSTATE
+SELECT number_rows('invoice_g', 'no', 'no', domain => 'd');                -- the id column names the scope
+\echo :LAST_ERROR_SQLSTATE
+SELECT number_rows('invoice_g', 'no', 'shop', domain_column => 'no');
+\echo :LAST_ERROR_SQLSTATE
+SELECT number_rows('invoice_g', 'made', 'shop', domain => 'd');            -- an identity
+\echo :LAST_ERROR_SQLSTATE
+SELECT number_rows('invoice_g', 'given', 'shop', domain => 'd');           -- a default
+\echo :LAST_ERROR_SQLSTATE
+SELECT count(*) AS no_trigger FROM pg_trigger WHERE tgrelid = 'invoice_g'::regclass;
 SELECT number_rows('invoice_n', 'no', 'shop', domain => 'd');              -- the trigger exists
 \echo :LAST_ERROR_SQLSTATE
 SELECT count(*) AS one_trigger FROM pg_trigger WHERE tgrelid = 'invoice_n'::regclass;
