@@ -78,10 +78,17 @@ fn snowflakes(events: &[Event], generators: &[ClientIds], found: &mut Vec<Violat
 
 /// Two holders stamping with one machine id at once: the stamps of each
 /// source (a client process's run, a lineage's server), in time order, cut
-/// into runs of one machine id; runs of two sources with the same machine
-/// id must not share a millisecond (a new holder stamps only above the old
-/// one's end plus the margin, SPEC §8). This holds whether or not the two
-/// happened to make the same ID.
+/// into runs of one machine id with no pause over `PAUSE_MS`; runs of two
+/// sources with the same machine id must not share a millisecond (a new
+/// holder stamps only above the old one's end plus the margin, SPEC §8).
+/// This holds whether or not the two happened to make the same ID. A
+/// pause ends a run because a server's history does not say which lease a
+/// stamp was made under: a lineage that lost its id and leased it again
+/// after another holder had it is two runs, not one spanning the other's.
+/// (What this cannot see, a holder that kept its lease without stamping
+/// while another stamped, makes no ID twice.)
+const PAUSE_MS: u64 = 1000;
+
 fn machine_ids_held_once(events: &[Event], generators: &[ClientIds], found: &mut Vec<Violation>) {
     let mut by_source: BTreeMap<&str, Vec<(u64, u16)>> = BTreeMap::new();
     for e in events {
@@ -100,7 +107,7 @@ fn machine_ids_held_once(events: &[Event], generators: &[ClientIds], found: &mut
         stamps.sort_unstable();
         for (ms, machine) in stamps {
             match runs.last_mut() {
-                Some(run) if run.3 == source && run.0 == machine => run.2 = ms,
+                Some(run) if run.3 == source && run.0 == machine && ms <= run.2 + PAUSE_MS => run.2 = ms,
                 _ => runs.push((machine, ms, ms, source)),
             }
         }
@@ -349,8 +356,13 @@ mod tests {
         let b = ClientIds { source: "gen-1-1".into(), ids: vec![id(201, 7, 0), id(300, 7, 5)] };
         let p1 = Event::Snowflakes { t: 1, source: "p1".into(), ids: vec![id(150, 8, 0), id(400, 7, 0)] };
         assert!(kinds(std::slice::from_ref(&p1), &[a, b]).is_empty());
+        // A lineage stamping id 3, pausing while a generator has it, then
+        // stamping it again under a new lease: no overlap.
+        let again = Event::Snowflakes { t: 2, source: "p1".into(), ids: vec![id(10_000, 3, 0), id(10_500, 3, 0), id(20_000, 3, 0)] };
+        let between = ClientIds { source: "gen-0-9".into(), ids: vec![id(12_000, 3, 0), id(15_000, 3, 0)] };
+        assert!(kinds(&[again], &[between]).is_empty());
         // Overlapping in time with the same machine id, no ID in common.
-        let long = ClientIds { source: "gen-0-2".into(), ids: vec![id(1000, 9, 0), id(5000, 9, 0)] };
+        let long = ClientIds { source: "gen-0-2".into(), ids: (0..=8).map(|i| id(1000 + 500 * i, 9, 0)).collect() };
         let short = ClientIds { source: "gen-1-2".into(), ids: vec![id(1100, 9, 1)] };
         let late = ClientIds { source: "gen-2-2".into(), ids: vec![id(3000, 9, 2)] };
         assert_eq!(kinds(&[], &[long, short, late]), ["machine id held twice at once", "machine id held twice at once"]);

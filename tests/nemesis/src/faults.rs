@@ -251,21 +251,11 @@ impl World<'_> {
                     self.restart(s);
                 });
             }
-            Fault::KillBackend(target) => {
+            Fault::KillBackend(target) | Fault::KillWorker(target) => {
+                let which = if matches!(fault, Fault::KillBackend(_)) { "backend_type = 'client backend'" } else { "backend_type LIKE 'pg_ticket%'" };
                 let pick = self.rng.gen_range(0..1000);
                 self.on(*target, |s| {
-                    let pids = backends(s, "backend_type = 'client backend'");
-                    if !pids.is_empty() {
-                        let pid = pids[pick % pids.len()];
-                        unsafe { libc::kill(pid, libc::SIGKILL) };
-                        h.fault(kind, format!("{} pid {pid}", s.name));
-                    }
-                });
-            }
-            Fault::KillWorker(target) => {
-                let pick = self.rng.gen_range(0..1000);
-                self.on(*target, |s| {
-                    let pids = backends(s, "backend_type LIKE 'pg_ticket%'");
+                    let pids = backends(s, which);
                     if !pids.is_empty() {
                         let pid = pids[pick % pids.len()];
                         unsafe { libc::kill(pid, libc::SIGKILL) };
@@ -389,7 +379,18 @@ impl World<'_> {
         if let Err(e) = standby.wait_ready(false) {
             self.history.fault("error", e);
         }
-        pg_tool("pg_ctl", &["promote", "-w", "-t", "120", "-D", standby.data().to_str().unwrap()]);
+        // A standby that died meanwhile (a crash, a kill) is started again
+        // and promoted then; the harness goes on either way.
+        let promote = |s: &Server| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| pg_tool("pg_ctl", &["promote", "-w", "-t", "120", "-D", s.data().to_str().unwrap()]))).is_ok()
+        };
+        if !promote(&standby) {
+            self.history.fault("error", format!("promote {}: it was not running; started again", standby.name));
+            self.restart(&standby);
+            if standby.wait_ready(false).is_err() || !promote(&standby) {
+                self.history.fault("error", format!("promote {}: failed again", standby.name));
+            }
+        }
         if let Err(e) = standby.wait_ready(true) {
             self.history.fault("error", e);
         }

@@ -72,13 +72,20 @@ impl History {
     }
 }
 
+/// The events of a history; a last line cut short (a run that died while
+/// writing it) is dropped, any other bad line is an error.
 pub fn read(path: &Path) -> Vec<Event> {
     let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    std::io::BufReader::new(file)
-        .lines()
-        .map(|line| line.expect("read the history"))
-        .filter(|line| !line.is_empty())
-        .map(|line| serde_json::from_str(&line).unwrap_or_else(|e| panic!("history line {line:?}: {e}")))
+    let lines: Vec<String> = std::io::BufReader::new(file).lines().map(|line| line.expect("read the history")).filter(|l| !l.is_empty()).collect();
+    let last = lines.len().saturating_sub(1);
+    lines
+        .iter()
+        .enumerate()
+        .filter_map(|(i, line)| match serde_json::from_str(line) {
+            Ok(event) => Some(event),
+            Err(_) if i == last => None,
+            Err(e) => panic!("history line {line:?}: {e}"),
+        })
         .collect()
 }
 
