@@ -249,10 +249,7 @@ unsafe extern "C" fn keep_warning(arg: *mut c_void, result: *const PGresult) {
     // SAFETY: `arg` is the connection's `warning`, which outlives the
     // connection; `result` is a notice, valid during this call.
     let slot = unsafe { &*(arg as *const Mutex<Option<String>>) };
-    let field = |code| {
-        let p = unsafe { (pq().PQresultErrorField)(result, code) };
-        (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
-    };
+    let field = |code| error_field(result, code);
     if field(PG_DIAG_SEVERITY_NONLOCALIZED).as_deref() == Some("WARNING") && field(PG_DIAG_SQLSTATE).as_deref() == Some("01000") {
         let mut slot = slot.lock().unwrap_or_else(|p| p.into_inner());
         if slot.is_none() {
@@ -531,12 +528,15 @@ fn first_row(result: *const PGresult) -> Row {
 
 /// The error a failed result carries. One without an SQLSTATE is libpq's
 /// own (the connection broke): the call's outcome is unknown.
+/// A field of an error or notice result, if it has one.
+fn error_field(result: *const PGresult, code: c_int) -> Option<String> {
+    // SAFETY: a result; the field is NULL or lives as long as it.
+    let p = unsafe { (pq().PQresultErrorField)(result, code) };
+    (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
+}
+
 fn result_error(result: *const PGresult, raw: *const PGconn) -> CallError {
-    let field = |code| {
-        // SAFETY: a result; the field is NULL or lives as long as it.
-        let p = unsafe { (pq().PQresultErrorField)(result, code) };
-        (!p.is_null()).then(|| unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned())
-    };
+    let field = |code| error_field(result, code);
     match (field(PG_DIAG_SQLSTATE), field(PG_DIAG_MESSAGE_PRIMARY)) {
         (Some(sqlstate), Some(message)) => CallError::Database { sqlstate, message },
         _ => CallError::Connection(error_message(raw)),

@@ -114,33 +114,31 @@ fn counter(c: &mut Conn, lineage: &Lineage, life: u32, history: &History, rng: &
     let scope = format!("d{}", rng.gen_range(0..COUNTER_SCOPES));
     let mut values = Vec::new();
     c.warned();
-    let warning = c.warning.clone();
-    let c = &mut c.client;
-    c.batch_execute("BEGIN")?;
+    c.client.batch_execute("BEGIN")?;
     for _ in 0..rng.gen_range(1..=3) {
-        match c.query_one("SELECT next_scoped_id('cq', $1)", &[&scope]) {
+        match c.client.query_one("SELECT next_scoped_id('cq', $1)", &[&scope]) {
             Ok(row) => values.push(row.get::<_, i64>(0)),
             Err(e) => {
-                let _ = c.batch_execute("ROLLBACK");
+                let _ = c.client.batch_execute("ROLLBACK");
                 return Err(e);
             }
         }
     }
     let outcome = if rng.gen_bool(0.7) {
-        match c.batch_execute("COMMIT") {
-            Ok(()) if warning.swap(false, Ordering::SeqCst) => Outcome::Unknown,
+        match c.client.batch_execute("COMMIT") {
+            Ok(()) if c.warned() => Outcome::Unknown,
             Ok(()) => Outcome::Committed,
             // An error from the server before the commit (pg_ticket's
             // pre-commit, a serialization failure): nothing committed. A
             // lost connection or a terminated backend (57P01 after a
             // cancelled standby wait: committed locally): who knows.
             Err(e) => match e.code().map(|s| s.code().to_string()) {
-                Some(code) if !c.is_closed() && !code.starts_with("57") && !code.starts_with("08") => Outcome::RolledBack,
+                Some(code) if !c.client.is_closed() && !code.starts_with("57") && !code.starts_with("08") => Outcome::RolledBack,
                 _ => Outcome::Unknown,
             },
         }
     } else {
-        let _ = c.batch_execute("ROLLBACK");
+        let _ = c.client.batch_execute("ROLLBACK");
         Outcome::RolledBack
     };
     lineage.received.fetch_add(values.len() as u64, Ordering::Relaxed);
