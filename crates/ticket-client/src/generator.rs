@@ -9,14 +9,17 @@
 //!
 //! The safety argument: a lease is reckoned to end at (boot-clock time the
 //! request was *sent*) + ttl, which is no later than the registry's end
-//! for it. An ID's stamp is read before the reckoning is checked a second
-//! time, so a stamp is never taken after the reckoned end, and no stamp
-//! passes the registry's end plus half the margin. The wall clock agrees
+//! for it. An ID's stamp is the wall-clock reading taken just before the
+//! boot clock the reckoning is checked on (after a wait in the generator, a
+//! later reading, checked again after it), so a stamp is never taken after
+//! the reckoned end, and no stamp passes the registry's end plus half the
+//! margin. The wall clock agrees
 //! with the registry's within half the margin (measured at each reply, and
 //! held to the boot clock between replies: a step is refused), and the
 //! next holder of the id stamps only above the lease's end plus the
 //! margin: no two holders stamp the same millisecond.
 
+use std::cell::Cell;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -26,7 +29,7 @@ use crate::keeper::{LeaseHolder, LeaseKeeper, Published};
 use crate::registry::Grant;
 use crate::ClientError;
 use ticket_core::leases::{check_ttl, StampRefusal};
-use ticket_core::snowflake::{self, MarkStore, SharedState, SnowflakeError};
+use ticket_core::snowflake::{self, Clock, MarkStore, SharedState, SnowflakeError};
 
 /// What a `LeasedGenerator` needs. Deserializes from configuration files
 /// (serde), durations in human form: `ttl = "60s"`, `"500ms"`, `"10 min"`.
@@ -122,6 +125,31 @@ pub struct LeasedGenerator {
     renewer: Option<JoinHandle<()>>,
 }
 
+/// The wall clock for one ID: its first reading is the one the reckoning
+/// was checked against; a later one is flagged for a check after the stamp.
+struct CheckedWall {
+    checked_ms: Cell<Option<i64>>,
+    read_again: Cell<bool>,
+}
+
+impl CheckedWall {
+    fn reading(checked_ms: i64) -> Self {
+        CheckedWall { checked_ms: Cell::new(Some(checked_ms)), read_again: Cell::new(false) }
+    }
+}
+
+impl Clock for CheckedWall {
+    fn now_unix_ms(&self) -> i64 {
+        self.checked_ms.take().unwrap_or_else(|| {
+            self.read_again.set(true);
+            wall_ms()
+        })
+    }
+    fn pause(&self, millis: u64) {
+        WallClock.pause(millis)
+    }
+}
+
 /// The leased generator needs no durable mark: the lease's `not_before_ms`
 /// and its end bound every stamp.
 struct NoMark;
@@ -179,9 +207,8 @@ impl LeasedGenerator {
     /// The next ID and the fencing token of the lease it was issued under.
     pub fn next_id_with_lease(&self) -> Result<(i64, i64), ClientError> {
         let mut st = self.shared.lock();
-        let last_error = st.last_error.clone();
         let first_epoch_ms = st.epoch_ms;
-        let Some(held) = st.lease.as_mut() else { return Err(ClientError::NoLease { last_error }) };
+        let Some(held) = st.lease.as_mut() else { return Err(ClientError::NoLease { last_error: st.last_error.clone() }) };
         let Published { grant, reckoning, skew } = held.lease;
         if let Some(first) = first_epoch_ms.filter(|first| *first != grant.epoch_ms) {
             return Err(ClientError::EpochChanged { first_ms: first, now_ms: grant.epoch_ms });
@@ -194,19 +221,25 @@ impl LeasedGenerator {
             StampRefusal::MayHaveEnded => ClientError::LeaseMayHaveEnded { machine_id },
             StampRefusal::ClockStepped { drift_ms } => ClientError::ClockStepped { drift_ms, allowed_ms: reckoning.drift_allowed_ms },
         };
-        reckoning.check(boot_ms(), wall_ms()).map_err(refused)?;
-        let id = match snowflake::next_id(&held.ids, &WallClock, &NoMark, grant.epoch_ms, machine_id, reckoning.stamp_cap_ms) {
+        // The wall clock is read before the boot clock, and that reading is
+        // the stamp: a check that passes holds at a moment no earlier than
+        // the stamp (a process paused between the two reads is checked at
+        // the later one, and one paused long looks like a clock step).
+        let wall_now_ms = wall_ms();
+        reckoning.check(boot_ms(), wall_now_ms).map_err(refused)?;
+        let clock = CheckedWall::reading(wall_now_ms);
+        // The generator refuses a stamp past the lease's end (the sequence
+        // ran ahead of the clock) before it enters the state.
+        let id = match snowflake::next_id(&held.ids, &clock, &NoMark, grant.epoch_ms, machine_id, reckoning.stamp_cap_ms) {
             Err(SnowflakeError::PastLease { .. }) => return Err(ClientError::LeaseMayHaveEnded { machine_id }),
             other => other?,
         };
-        // The stamp was read before this check: a process paused in between
-        // (SIGSTOP, a long preemption) or a clock stepped meanwhile finds
-        // its lease may be over and drops the ID it made; so does a stamp
-        // past the lease's end (the sequence ran ahead of the clock).
-        reckoning.check(boot_ms(), wall_ms()).map_err(refused)?;
-        let stamp_ms = grant.epoch_ms + (id >> (snowflake::SEQUENCE_BITS + snowflake::MACHINE_BITS)) as i64;
-        if !reckoning.covers(stamp_ms) {
-            return Err(ClientError::LeaseMayHaveEnded { machine_id });
+        // A generator that waited (a full millisecond, a clock step back)
+        // stamped a later reading: checked now, after it, so a process paused
+        // or a clock stepped meanwhile finds its lease may be over and drops
+        // the ID it made.
+        if clock.read_again.get() {
+            reckoning.check(boot_ms(), wall_ms()).map_err(refused)?;
         }
         held.last_stamp_ms = Some(grant.epoch_ms + (held.ids.last_state() >> snowflake::SEQUENCE_BITS) as i64);
         Ok((id, grant.lease))

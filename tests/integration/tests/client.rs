@@ -39,6 +39,10 @@ fn stamp_ms(id: i64) -> i64 {
     EPOCH_MS + decompose(id).unwrap().millis as i64
 }
 
+fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64
+}
+
 fn signal(child: &Child, sig: i32) {
     assert_eq!(unsafe { libc::kill(child.id() as i32, sig) }, 0, "kill {sig}");
 }
@@ -327,6 +331,38 @@ fn a_generator_whose_clock_disagrees_with_the_registry_issues_nothing() {
     signal(&child, libc::SIGKILL);
     child.wait().unwrap();
     assert_eq!(records(&out).len(), 0, "IDs stamped by a clock 5 s off the registry's");
+}
+
+#[test]
+fn a_generator_whose_clock_steps_forward_mid_lease_stamps_nothing_ahead() {
+    // A long lease (renewed only every 20 s), so the stamp cap alone (its
+    // end plus half the margin) would let a 10 s step through: only the
+    // wall-against-boot check at every stamp stops it.
+    let registry = Cluster::start("client-step", 55470, &["pg_ticket.lease_margin = '2s'"]);
+    let dir = PathBuf::from("/tmp/pgt-client-step");
+    let (out, clock) = (dir.join("ids"), dir.join("clock"));
+    let _ = std::fs::remove_file(&out);
+    std::fs::write(&clock, "+0\n").unwrap();
+    let lib = String::from_utf8(Command::new("sh").args(["-c", "dpkg -L libfaketime | grep '/libfaketime.so.1$' | head -1"]).output().unwrap().stdout).unwrap();
+    let mut child = worker(&["gen", &registry.dsn(), "stepping", "60000", out.to_str().unwrap(), "100000000"])
+        .env("LD_PRELOAD", lib.trim())
+        .env("FAKETIME_TIMESTAMP_FILE", &clock)
+        .env("FAKETIME_NO_CACHE", "1")
+        .env("FAKETIME_DONT_FAKE_MONOTONIC", "1")
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while records(&out).len() < 1000 {
+        assert!(Instant::now() < deadline, "the worker never stamped");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let stepped_at_ms = now_ms();
+    std::fs::write(&clock, "+10s\n").unwrap();
+    std::thread::sleep(Duration::from_secs(3));
+    signal(&child, libc::SIGKILL);
+    child.wait().unwrap();
+    let ahead: Vec<i64> = records(&out).iter().map(|(id, _)| stamp_ms(*id)).filter(|&ms| ms > stepped_at_ms + 5_000).collect();
+    assert!(ahead.is_empty(), "{} IDs stamped by a clock stepped 10 s forward (first {:?})", ahead.len(), ahead.first());
 }
 
 #[test]
