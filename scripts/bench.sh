@@ -153,6 +153,29 @@ for clients in 1 8; do
     done
 done
 
+echo "rights per scope: a plain role with pg_ticket.scope_rights on and 1 000 grants, against one with it off..." >&2
+psql <<'SQL'
+CREATE ROLE bench_open LOGIN;
+CREATE ROLE bench_tenant LOGIN;
+ALTER ROLE bench_tenant SET pg_ticket.scope_rights = on;
+-- 998 grants that cover nothing measured, then the two that do.
+SELECT count(grant_scope('bench_tenant', 'tenant-' || g, 'shop-' || g || '/*')) FROM generate_series(1, 998) g;
+SELECT grant_scope('bench_tenant', 'rights-*'), grant_scope('bench_tenant', 'bench-rights', 'shared');
+SQL
+for role in bench_open bench_tenant; do
+    PGUSER=$role in_backend "rights_1M_$role" "$(calls "next_scoped_id('rights-$role', 'run-%RUN%')" 1000000)"
+done
+echo "SELECT next_scoped_id('bench-rights', 'shared');" >"$scripts_dir/scoped_rights.sql"
+a="" b=""
+for _ in 1 2 3; do
+    a+="$(PGUSER=bench_open pgbench_tps scoped_rights 1 off)"$'\n'
+    b+="$(PGUSER=bench_tenant pgbench_tps scoped_rights 1 off)"$'\n'
+done
+tps[rights_open]=$(printf '%s' "$a" | median)
+tps[rights_tenant]=$(printf '%s' "$b" | median)
+echo "  rights off ${tps[rights_open]} tps, on ${tps[rights_tenant]} tps" >&2
+cost() { awk -v off="$1" -v on="$2" 'BEGIN { printf "%+.1f%%", 100 * (on - off) / off }'; }
+
 {
     echo "## Run of $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo
@@ -202,6 +225,13 @@ done
     echo "(With synchronous_commit off, pg_ticket ran with pg_ticket.durable_commit off, as durable as the baseline.)"
     echo
     echo "Tickets on the hot scope over every ticket_same run: ${ticket_waits} waits for a refill and ${ticket_refills} refills in ${ticket_next} tickets ($(awk -v w="$ticket_waits" -v n="$ticket_next" 'BEGIN {printf "%.1f", w * 1e6 / n}') waits per million); the segment size reached ${ticket_step}, so a crash at this rate loses at most $((2 * ticket_step)) tickets of the scope (a gap)."
+    echo
+    echo "### Rights per scope (a plain role, 1 000 grants; bar: under 5%)"
+    echo
+    echo "| workload | pg_ticket.scope_rights off | on, 1 000 grants | cost |"
+    echo "|---|---|---|---|"
+    echo "| next_scoped_id × 1M in one transaction (ms) | ${ms[rights_1M_bench_open]} | ${ms[rights_1M_bench_tenant]} | $(cost "${ms[rights_1M_bench_open]}" "${ms[rights_1M_bench_tenant]}") time |"
+    echo "| pgbench next_scoped_id, 1 client, synchronous_commit off (tps) | ${tps[rights_open]} | ${tps[rights_tenant]} | $(cost "${tps[rights_tenant]}" "${tps[rights_open]}") time per transaction |"
     echo
     echo "### The default: durable commits under synchronous_commit = off"
     echo

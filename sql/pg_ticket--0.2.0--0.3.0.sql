@@ -328,3 +328,113 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION number_rows(regclass, name, name, text, name, text) IS
     'Creates a BEFORE INSERT trigger numbering relation''s id_column per scope, its arguments checked now';
+
+-- 0.3.0: may the current user allocate from a scope or block name
+-- (pg_ticket.scope_rights)? The marks view shows only those rows.
+CREATE FUNCTION "may_allocate"(
+	"kind" TEXT,
+	"queue" text,
+	"domain" text
+) RETURNS bool
+STABLE PARALLEL RESTRICTED
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'may_allocate_wrapper';
+-- 0.3.0: rights per scope (SPEC §16), used while pg_ticket.scope_rights is
+-- on. A pattern's trailing * is a prefix ('*' alone: every name); a scope
+-- grant covers the queue's counters and tickets, a block grant block names
+-- (domain '*'). Grants name roles as regrole, so a dump carries them by
+-- name (a restore needs the roles, as GRANT does).
+CREATE TABLE pgticket.rights (
+    role regrole NOT NULL,
+    kind text NOT NULL CHECK (kind IN ('scope', 'block')),
+    queue text COLLATE "C" NOT NULL,
+    domain text COLLATE "C" NOT NULL DEFAULT '*',
+    PRIMARY KEY (role, kind, queue, domain)
+);
+COMMENT ON TABLE pgticket.rights IS
+    'Which roles may allocate from which scopes and block names while pg_ticket.scope_rights is on (grant_scope, grant_block)';
+CREATE FUNCTION pgticket.rights_changed() RETURNS trigger
+    LANGUAGE c AS 'MODULE_PATHNAME', 'rights_changed_wrapper';
+CREATE TRIGGER changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgticket.rights
+    FOR EACH STATEMENT EXECUTE FUNCTION pgticket.rights_changed();
+ALTER TABLE pgticket.rights ENABLE ALWAYS TRIGGER changed;
+SELECT pg_catalog.pg_extension_config_dump('pgticket.rights', '');
+REVOKE ALL ON pgticket.rights FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgticket.rights_changed() FROM PUBLIC;
+CREATE VIEW pgticket.scope_grants AS
+    SELECT role, kind,
+           CASE WHEN kind OPERATOR(pg_catalog.=) 'scope' THEN queue END AS queue,
+           CASE WHEN kind OPERATOR(pg_catalog.=) 'scope' THEN domain END AS domain,
+           CASE WHEN kind OPERATOR(pg_catalog.=) 'block' THEN queue END AS block_name
+      FROM pgticket.rights;
+COMMENT ON VIEW pgticket.scope_grants IS
+    'The grants of scopes (queue, domain) and block names to roles; a trailing * is a prefix';
+REVOKE ALL ON pgticket.scope_grants FROM PUBLIC;
+CREATE FUNCTION pgticket.change_right(grant_it boolean, role regrole, kind text, queue text, domain text)
+RETURNS boolean VOLATILE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    what text := CASE kind WHEN 'scope' THEN 'queue' ELSE 'name' END;
+    changed integer;
+BEGIN
+    IF role IS NULL OR queue IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', CASE WHEN role IS NULL THEN 'role' ELSE what END
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles r WHERE r.oid = role) THEN
+        RAISE EXCEPTION 'role with OID % does not exist', role::oid USING ERRCODE = 'undefined_object';
+    END IF;
+    domain := coalesce(domain, '*');
+    IF queue = '' OR domain = '' THEN
+        RAISE EXCEPTION '% must not be empty', CASE WHEN queue = '' THEN what ELSE 'domain' END
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A name is at most 255 bytes; a pattern adds its star.
+    IF octet_length(queue) - (right(queue, 1) = '*')::integer > 255 OR octet_length(domain) - (right(domain, 1) = '*')::integer > 255 THEN
+        RAISE EXCEPTION '% is longer than 255 bytes', CASE WHEN octet_length(queue) > 255 THEN what ELSE 'domain' END
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF grant_it THEN
+        INSERT INTO pgticket.rights AS r (role, kind, queue, domain) VALUES (role, kind, queue, domain) ON CONFLICT DO NOTHING;
+    ELSE
+        DELETE FROM pgticket.rights r
+         WHERE r.role = change_right.role AND r.kind = change_right.kind AND r.queue = change_right.queue AND r.domain = change_right.domain;
+    END IF;
+    GET DIAGNOSTICS changed = ROW_COUNT;
+    RETURN changed > 0;
+END $$;
+REVOKE ALL ON FUNCTION pgticket.change_right(boolean, regrole, text, text, text) FROM PUBLIC;
+CREATE FUNCTION grant_scope(role regrole, queue text, domain text DEFAULT NULL) RETURNS boolean
+VOLATILE SECURITY DEFINER LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pgticket.change_right(true, role, 'scope', queue, domain) $$;
+CREATE FUNCTION revoke_scope(role regrole, queue text, domain text DEFAULT NULL) RETURNS boolean
+VOLATILE SECURITY DEFINER LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pgticket.change_right(false, role, 'scope', queue, domain) $$;
+CREATE FUNCTION grant_block(role regrole, name text) RETURNS boolean
+VOLATILE SECURITY DEFINER LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pgticket.change_right(true, role, 'block', name, NULL) $$;
+CREATE FUNCTION revoke_block(role regrole, name text) RETURNS boolean
+VOLATILE SECURITY DEFINER LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pgticket.change_right(false, role, 'block', name, NULL) $$;
+COMMENT ON FUNCTION grant_scope(regrole, text, text) IS
+    'Lets role allocate from (queue, domain) while pg_ticket.scope_rights is on (NULL domain: every domain; a trailing * is a prefix); true if new';
+COMMENT ON FUNCTION revoke_scope(regrole, text, text) IS
+    'Removes the grant grant_scope(role, queue, domain) made; true if there was one';
+COMMENT ON FUNCTION grant_block(regrole, text) IS
+    'Lets role reserve blocks of name while pg_ticket.scope_rights is on (a trailing * is a prefix); true if new';
+COMMENT ON FUNCTION revoke_block(regrole, text) IS
+    'Removes the grant grant_block(role, name) made; true if there was one';
+REVOKE EXECUTE ON FUNCTION grant_scope(regrole, text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION revoke_scope(regrole, text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION grant_block(regrole, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION revoke_block(regrole, text) FROM PUBLIC;
+-- A role sees the marks of the scopes and block names it may use.
+CREATE OR REPLACE VIEW pgticket.marks AS
+    SELECT 'scope'::text AS kind, queue, domain, NULL::text AS block_name, mark,
+           max_mark - mark AS remaining, max_mark
+      FROM pgticket.scoped_counters WHERE may_allocate('scope', queue, domain)
+    UNION ALL
+    SELECT 'block'::text, NULL, NULL, name, mark, max_mark - mark, max_mark
+      FROM pgticket.blocks WHERE may_allocate('block', name, NULL)
+    UNION ALL
+    SELECT 'ticket'::text, queue, domain, NULL, mark, 9223372036854775807 - mark, 9223372036854775807
+      FROM pgticket.tickets WHERE may_allocate('ticket', queue, domain);

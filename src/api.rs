@@ -64,14 +64,14 @@ fn reserve_block(
 fn current_scoped_id(queue: Option<Name<'_>>, domain: Option<Name<'_>>) -> i64 {
     postgres_errors_as_raised(|| {
         let (queue, domain) = scope_args(queue, domain);
-        counters::current(Kind::Scope, queue, domain)
+        counters::current(Kind::Scope, queue, domain).or_raise()
     })
 }
 
 /// The mark of block counter `name`: the last ID reserved, 0 if never used.
 #[pg_extern(volatile, parallel_unsafe)]
 fn current_block_mark(name: Option<Name<'_>>) -> i64 {
-    postgres_errors_as_raised(|| counters::current(Kind::Block, name_arg("name", name), NO_NAME))
+    postgres_errors_as_raised(|| counters::current(Kind::Block, name_arg("name", name), NO_NAME).or_raise())
 }
 
 /// Admin: move the mark of `(queue, domain)` forward to `mark` (never back),

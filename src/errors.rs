@@ -50,6 +50,10 @@ pub enum TicketError {
     NoMachineLease(String),
     #[error("{value} does not fit the {type_name} column {column:?} of table {table:?}")]
     ValueDoesNotFit { value: i64, column: String, table: String, type_name: &'static str },
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("permission denied for {scope}: no grant covers it for role {role}")]
+    NoScopeRight { scope: String, role: String },
     /// A state table that cannot be used as it is (unlogged, moved).
     #[error("{0}")]
     StateTableUnfit(String),
@@ -61,7 +65,8 @@ impl TicketError {
         match self {
             TicketError::NullArgument(_) => ERRCODE_NULL_VALUE_NOT_ALLOWED,
             TicketError::Counter(CounterError::Overflow { .. }) => ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED,
-            TicketError::Counter(_) | TicketError::InfiniteTime => ERRCODE_INVALID_PARAMETER_VALUE,
+            TicketError::Counter(_) | TicketError::InfiniteTime | TicketError::InvalidArgument(_) => ERRCODE_INVALID_PARAMETER_VALUE,
+            TicketError::NoScopeRight { .. } => ERRCODE_INSUFFICIENT_PRIVILEGE,
             TicketError::Snowflake(
                 SnowflakeError::NegativeId(_) | SnowflakeError::MachineOutOfRange(_) | SnowflakeError::TimeOutOfRange { .. },
             ) => {
@@ -128,6 +133,9 @@ impl TicketError {
             TicketError::Lease(LeaseError::NoneFree { .. }) => {
                 Some("Release ids no longer used, let dead holders' leases expire, or widen pg_ticket.lease_ids.")
             }
+            TicketError::NoScopeRight { .. } => Some(
+                "pg_ticket.scope_rights is on: an administrator grants a scope with grant_scope(role, queue, domain) and a block name with grant_block(role, name); pgticket.scope_grants lists the grants.",
+            ),
             TicketError::InScope { error, .. } => error.hint(),
             _ => None,
         }

@@ -15,6 +15,7 @@
 //! - `triggers`: `assign_scoped_id()` / `assign_ticket()`, per-row scopes.
 //! - `names`: `text` arguments as the database's bytes (any encoding).
 //! - `quota`: how many scopes each role may create.
+//! - `rights`: which roles may allocate from which scopes (SPEC §16).
 //! - `xact`: what an allocation asks of the transaction (writable, durable).
 //! - `settings`: every `pg_ticket.*` setting, defined and checked once.
 //! - `errors`: every error pg_ticket raises, with its SQLSTATE.
@@ -27,6 +28,7 @@ mod errors;
 mod leases;
 mod names;
 mod quota;
+mod rights;
 mod settings;
 mod snowflake;
 mod state_tables;

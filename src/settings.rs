@@ -29,6 +29,7 @@ static EPOCH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(S
 static DURABLE_COMMIT: GucSetting<bool> = GucSetting::<bool>::new(true);
 static MAX_TRANSACTION_ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(100_000);
 static MAX_BLOCK_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1_000_000_000);
+static SCOPE_RIGHTS: GucSetting<bool> = GucSetting::<bool>::new(false);
 static MAX_SCOPES_PER_ROLE: GucSetting<i32> = GucSetting::<i32>::new(1_000_000);
 static MAX_TICKET_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(4);
 static TICKET_CACHE_SCOPES: GucSetting<i32> = GucSetting::<i32>::new(1024);
@@ -92,6 +93,14 @@ pub fn init() -> Option<Preloaded> {
         &MAX_BLOCK_SIZE,
         1,
         i32::MAX,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_ticket.scope_rights",
+        c"Roles allocate only from the scopes and block names a grant covers (grant_scope, grant_block).",
+        c"Off: every role allocates from every scope, as in 0.2.0. Superusers and the state tables' owners need no grant. Superusers only: a role must not switch its own check off.",
+        &SCOPE_RIGHTS,
         GucContext::Suset,
         GucFlags::default(),
     );
@@ -518,6 +527,10 @@ pub fn ticket_step_bounds() -> (i64, i64) {
 
 pub fn ticket_wait_timeout() -> std::time::Duration {
     std::time::Duration::from_millis(TICKET_WAIT_TIMEOUT.get() as u64)
+}
+
+pub fn scope_rights() -> bool {
+    SCOPE_RIGHTS.get()
 }
 
 pub fn max_scopes_per_role() -> i64 {

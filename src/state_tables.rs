@@ -38,6 +38,8 @@ pub struct Tables {
     pub id_space: Option<Table>,
     /// The scopes each role created (0.3.0).
     pub scope_quota: Option<Table>,
+    /// The grants of scopes and block names to roles (0.3.0).
+    pub rights: Option<Table>,
     /// The tables have the `max_mark` column of 0.2.0. Without it they are
     /// 0.1.0's, not yet updated, and every limit is 2^63-1: the library
     /// serves both.
@@ -118,8 +120,8 @@ pub fn lookup() -> Option<Tables> {
             None,
             &[],
         )?;
-        let (mut scoped_counters, mut blocks, mut tickets, mut machine_id_leases, mut id_space, mut scope_quota, mut has_limits) =
-            (None, None, None, None, None, None, false);
+        let (mut scoped_counters, mut blocks, mut tickets, mut machine_id_leases, mut id_space, mut scope_quota, mut rights, mut has_limits) =
+            (None, None, None, None, None, None, None, false);
         for row in rows {
             let name: String = row.get(1)?.unwrap_or_default();
             let table = Table { oid: row.get(2)?.expect("oid"), owner: row.get(3)?.expect("relowner") };
@@ -137,11 +139,12 @@ pub fn lookup() -> Option<Tables> {
                 "machine_id_leases" => machine_id_leases = Some(table),
                 "id_space" => id_space = Some(table),
                 "scope_quota" => scope_quota = Some(table),
+                "rights" => rights = Some(table),
                 _ => {}
             }
         }
         Ok::<_, pgrx::spi::Error>(match (scoped_counters, blocks) {
-            (Some(scoped_counters), Some(blocks)) => Some(Tables { scoped_counters, blocks, tickets, machine_id_leases, id_space, scope_quota, has_limits }),
+            (Some(scoped_counters), Some(blocks)) => Some(Tables { scoped_counters, blocks, tickets, machine_id_leases, id_space, scope_quota, rights, has_limits }),
             _ => None,
         })
     })
@@ -184,7 +187,7 @@ fn refuse_unfit(table: &str, persistence: &str, schema: &str, not_always: Option
 unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     // InvalidOid: every relation (a cache reset).
     if let Some(t) = CACHE.get() {
-        let ours = [Some(t.scoped_counters), Some(t.blocks), t.tickets, t.machine_id_leases, t.id_space, t.scope_quota];
+        let ours = [Some(t.scoped_counters), Some(t.blocks), t.tickets, t.machine_id_leases, t.id_space, t.scope_quota, t.rights];
         // A table found missing may come back (renamed back, re-added to
         // the extension) under an OID we do not know: any change looks again.
         let incomplete = ours.iter().any(Option::is_none);

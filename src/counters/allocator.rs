@@ -26,6 +26,7 @@ use crate::settings;
 use crate::xact;
 use ticket_core::counter::{Change, CounterError, Mark};
 use ticket_core::local_marks::LocalMarks;
+use ticket_core::rights::RightKind;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum Kind {
@@ -47,6 +48,19 @@ impl Kind {
             Kind::Scope => crate::names::label("scope", a, Some(b)),
             Kind::Block => crate::names::label("block", a, None),
         }
+    }
+
+    /// The grants that cover it (`pg_ticket.scope_rights`).
+    pub fn right(self) -> RightKind {
+        match self {
+            Kind::Scope => RightKind::Scope,
+            Kind::Block => RightKind::Block,
+        }
+    }
+
+    /// Refused (42501) unless the current user may use `(a, b)`.
+    pub fn check_right(self, a: Name<'_>, b: Name<'_>) -> Result<(), TicketError> {
+        crate::rights::check(self.right(), a, b, || self.label(a, b))
     }
 
     /// This kind's state table.
@@ -115,7 +129,8 @@ pub fn limit(kind: Kind, a: Name<'_>, b: Name<'_>, max: i64) -> Result<i64, Tick
 }
 
 /// The current mark as this transaction sees it, without locking.
-pub fn current(kind: Kind, a: Name<'_>, b: Name<'_>) -> i64 {
+pub fn current(kind: Kind, a: Name<'_>, b: Name<'_>) -> Result<i64, TicketError> {
+    kind.check_right(a, b)?;
     let table = kind.table(&state_tables::current()).oid;
     let local = STATE.with(|s| {
         let mut s = s.borrow_mut();
@@ -123,7 +138,7 @@ pub fn current(kind: Kind, a: Name<'_>, b: Name<'_>) -> i64 {
         encode_key(&mut s.key_buf, kind, table, a, b);
         s.marks.mark(&s.key_buf)
     });
-    local.unwrap_or_else(|| store::read(kind, a, b))
+    Ok(local.unwrap_or_else(|| store::read(kind, a, b)))
 }
 
 fn update_mark(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> Result<i64, TicketError> {
@@ -141,6 +156,10 @@ fn update_row(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> Result<Ma
 
 fn update_row_unnamed(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> Result<Mark, TicketError> {
     xact::check_writable()?;
+    // At every call, not only a scope's first in the transaction: a
+    // SET ROLE or a SECURITY DEFINER function may change the user between
+    // two (a memo lookup when on, one flag read when off).
+    kind.check_right(a, b)?;
     let subxact = unsafe { pg_sys::GetCurrentSubTransactionId() };
     let table = kind.table(&state_tables::current()).oid;
     let fast = STATE.with(|s| -> Option<Result<Mark, TicketError>> {

@@ -32,6 +32,7 @@ use crate::errors::{postgres_errors_as_raised, OrRaise, TicketError};
 use crate::names::Name;
 use crate::{settings, state_tables, xact};
 use shmem::{Directory, Failure, ScopeId};
+use ticket_core::rights::RightKind;
 use ticket_core::tickets::Take;
 
 
@@ -207,12 +208,18 @@ fn raise(failure: Failure, queue: Name<'_>, domain: Name<'_>) -> ! {
     }
 }
 
+/// Refused (42501) unless the current user may use the ticket scope.
+fn check_right(queue: Name<'_>, domain: Name<'_>) {
+    crate::rights::check(RightKind::Scope, queue, domain, || crate::names::label("ticket scope", queue, Some(domain))).or_raise();
+}
+
 /// The next ticket of (queue, domain), names already checked.
 pub fn next(queue: Name<'_>, domain: Name<'_>) -> i64 {
     if !settings::preloaded() {
         TicketError::NotPreloaded("next_ticket").raise();
     }
     xact::check_writable().or_raise();
+    check_right(queue, domain);
     KEY_BUF.with(|buf| {
         let mut key = buf.borrow_mut();
         encode(&mut key, queue, domain);
@@ -393,6 +400,7 @@ fn advance_ticket(queue: Option<Name<'_>>, domain: Option<Name<'_>>, mark: Optio
             TicketError::NotPreloaded("advance_ticket").raise();
         }
         xact::check_writable().or_raise();
+        check_right(queue, domain);
         let mut key = Vec::new();
         encode(&mut key, queue, domain);
         let scope = scope_id(&key);
@@ -443,6 +451,10 @@ fn ticket_cache() -> TableIterator<
             };
             if copy.in_use && copy.db == db && copy.table == table {
                 let (queue, domain) = split(copy.key());
+                // A role sees only the scopes it may use (SPEC §16).
+                if crate::rights::check(RightKind::Scope, queue, domain, String::new).is_err() {
+                    continue;
+                }
                 let (next, end) = copy.cache.next_and_end().unzip();
                 rows.push((queue.display(), domain.display(), next, end, copy.step, copy.refills as i64, copy.waits as i64));
             }

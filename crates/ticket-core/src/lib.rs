@@ -6,5 +6,6 @@ pub mod directory;
 pub mod epoch;
 pub mod leases;
 pub mod local_marks;
+pub mod rights;
 pub mod snowflake;
 pub mod tickets;

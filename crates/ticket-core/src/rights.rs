@@ -1,0 +1,116 @@
+//! Rights per scope (SPEC §16): which grants cover a scope or block name.
+//!
+//! A grant names a queue (or a block name) and a domain, each a pattern: a
+//! trailing `*` makes it a prefix (`shop-*`, and `*` alone: every name),
+//! anything else is the name itself. A scope grant covers both a queue's
+//! scoped counters and its tickets; a block grant covers block names. A
+//! grant's "every domain" is the domain pattern `*`.
+
+/// What a grant covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RightKind {
+    /// `(queue, domain)` of scoped counters and tickets.
+    Scope,
+    /// A block name (its domain pattern is `*`).
+    Block,
+}
+
+impl RightKind {
+    pub fn sql_name(self) -> &'static str {
+        match self {
+            RightKind::Scope => "scope",
+            RightKind::Block => "block",
+        }
+    }
+
+    pub fn from_sql_name(name: &str) -> Option<RightKind> {
+        match name {
+            "scope" => Some(RightKind::Scope),
+            "block" => Some(RightKind::Block),
+            _ => None,
+        }
+    }
+}
+
+/// One grant as stored: patterns in the database's bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScopeGrant {
+    pub kind: RightKind,
+    pub queue: Vec<u8>,
+    pub domain: Vec<u8>,
+}
+
+/// Does `pattern` cover `name`? A trailing `*` is a prefix; nothing else
+/// is special.
+pub fn pattern_covers(pattern: &[u8], name: &[u8]) -> bool {
+    match pattern.strip_suffix(b"*") {
+        Some(prefix) => name.starts_with(prefix),
+        None => pattern == name,
+    }
+}
+
+impl ScopeGrant {
+    pub fn covers(&self, kind: RightKind, queue: &[u8], domain: &[u8]) -> bool {
+        self.kind == kind && pattern_covers(&self.queue, queue) && (kind == RightKind::Block || pattern_covers(&self.domain, domain))
+    }
+}
+
+/// Is `(kind, queue, domain)` covered by any of `grants`?
+pub fn covered(grants: &[ScopeGrant], kind: RightKind, queue: &[u8], domain: &[u8]) -> bool {
+    grants.iter().any(|g| g.covers(kind, queue, domain))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grant(kind: RightKind, queue: &str, domain: &str) -> ScopeGrant {
+        ScopeGrant { kind, queue: queue.into(), domain: domain.into() }
+    }
+
+    #[test]
+    fn a_trailing_star_is_a_prefix_and_nothing_else_is_special() {
+        assert!(pattern_covers(b"invoices", b"invoices"));
+        assert!(!pattern_covers(b"invoices", b"invoices2"));
+        assert!(!pattern_covers(b"invoices", b"invoice"));
+        assert!(pattern_covers(b"shop-*", b"shop-17"));
+        assert!(pattern_covers(b"shop-*", b"shop-"));
+        assert!(!pattern_covers(b"shop-*", b"shop"));
+        assert!(pattern_covers(b"*", b"anything"));
+        assert!(!pattern_covers(b"a*b", b"axb"), "a star inside is a character");
+        assert!(pattern_covers(b"a*b", b"a*b"));
+        assert!(pattern_covers(b"**", b"*x"), "only the last star is a prefix");
+        assert!(!pattern_covers(b"**", b"x"));
+    }
+
+    #[test]
+    fn a_grant_covers_its_kind_queue_and_domain() {
+        let g = grant(RightKind::Scope, "invoices", "shop-17/*");
+        assert!(g.covers(RightKind::Scope, b"invoices", b"shop-17/2026"));
+        assert!(!g.covers(RightKind::Scope, b"invoices", b"shop-18/2026"));
+        assert!(!g.covers(RightKind::Scope, b"orders", b"shop-17/2026"));
+        assert!(!g.covers(RightKind::Block, b"invoices", b""), "a scope grant is not a block grant");
+        let every_domain = grant(RightKind::Scope, "invoices", "*");
+        assert!(every_domain.covers(RightKind::Scope, b"invoices", b"x"));
+        let block = grant(RightKind::Block, "batch-*", "*");
+        assert!(block.covers(RightKind::Block, b"batch-7", b""));
+        assert!(!block.covers(RightKind::Scope, b"batch-7", b"d"));
+    }
+
+    #[test]
+    fn no_grant_covers_nothing() {
+        assert!(!covered(&[], RightKind::Scope, b"q", b"d"));
+        let grants = [grant(RightKind::Scope, "a", "1"), grant(RightKind::Scope, "b*", "*")];
+        assert!(covered(&grants, RightKind::Scope, b"a", b"1"));
+        assert!(covered(&grants, RightKind::Scope, b"bee", b"9"));
+        assert!(!covered(&grants, RightKind::Scope, b"a", b"2"));
+    }
+
+    #[test]
+    fn kinds_round_trip_their_sql_names() {
+        for kind in [RightKind::Scope, RightKind::Block] {
+            assert_eq!(RightKind::from_sql_name(kind.sql_name()), Some(kind));
+        }
+        assert_eq!(RightKind::from_sql_name("ticket"), None);
+    }
+}

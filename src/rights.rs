@@ -1,0 +1,276 @@
+//! Rights per scope (SPEC §16): with `pg_ticket.scope_rights = on`, a role
+//! allocates from a scope (scoped counters and tickets), or a block name,
+//! only where a grant in `pgticket.rights` covers it — as sequences have
+//! USAGE. Off (the default), every role allocates everywhere, as in 0.2.0.
+//!
+//! A grant to a role covers its members that inherit its privileges (as
+//! PostgreSQL's GRANT does: `pg_has_role(..., 'USAGE')`). Superusers and
+//! the owners of the state tables need none. With the setting on and no
+//! grant (or a database whose extension is not updated to 0.3.0 yet, which
+//! has no grants table), every other role is refused: off is the only
+//! setting that lets everyone in.
+//!
+//! The check runs at every allocation, so it must cost next to nothing: a
+//! role's grants are read once per backend (one SPI statement, as the
+//! table's owner) and every scope decided once, in backend memory. Both are
+//! dropped at any relcache invalidation of the grants table, which its
+//! statement trigger sends at every change (`rights_changed`): another
+//! session's `grant_scope()` or `revoke_scope()` counts from its commit, at
+//! this session's next transaction; a restore or a DROP/CREATE EXTENSION
+//! is a new table, found through `state_tables`' generation.
+//!
+//! Touches: `pgticket.rights` (read only, as its owner); backend memory.
+
+use pgrx::prelude::*;
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use crate::errors::TicketError;
+use crate::names::Name;
+use crate::{settings, state_tables};
+use ticket_core::rights::{covered, RightKind, ScopeGrant};
+
+/// Scopes decided per role before the memo is started over (a role that
+/// walks through millions of scopes must not grow the backend for ever).
+const MAX_DECIDED: usize = 10_000;
+
+struct RoleRights {
+    /// Superuser or an owner of the state tables.
+    bypass: bool,
+    grants: Vec<ScopeGrant>,
+    decided: HashMap<Vec<u8>, bool>,
+}
+
+#[derive(Default)]
+struct Cache {
+    /// The state tables' generation the grants were read at.
+    generation: u64,
+    roles: HashMap<pg_sys::Oid, RoleRights>,
+    key: Vec<u8>,
+}
+
+thread_local! {
+    static CACHE: RefCell<Cache> = RefCell::new(Cache::default());
+}
+
+/// May the current user allocate from `(kind, queue, domain)` (a block's
+/// domain is empty)? `label` names it in the refusal (42501).
+pub fn check(kind: RightKind, queue: Name<'_>, domain: Name<'_>, label: impl FnOnce() -> String) -> Result<(), TicketError> {
+    if !settings::scope_rights() {
+        return Ok(());
+    }
+    let role = unsafe { pg_sys::GetUserId() };
+    if allowed(role, kind, queue.bytes(), domain.bytes()) {
+        return Ok(());
+    }
+    Err(TicketError::NoScopeRight { scope: label(), role: crate::quota::role_name(role) })
+}
+
+/// The decision for `role`, from the memo or its grants.
+fn allowed(role: pg_sys::Oid, kind: RightKind, queue: &[u8], domain: &[u8]) -> bool {
+    let generation = state_tables::generation();
+    let known = CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        if c.generation != generation {
+            c.roles.clear();
+            c.generation = generation;
+        }
+        c.roles.contains_key(&role)
+    });
+    if !known {
+        // Read outside the borrow: SPI may run anything (the owner's
+        // triggers do not fire on a SELECT, but an invalidation may arrive).
+        let rights = read(role);
+        CACHE.with(|c| c.borrow_mut().roles.insert(role, rights));
+    }
+    CACHE.with(|c| {
+        let mut c = c.borrow_mut();
+        let Cache { roles, key, .. } = &mut *c;
+        let Some(rights) = roles.get_mut(&role) else { return false };
+        if rights.bypass {
+            return true;
+        }
+        key.clear();
+        key.push(kind as u8);
+        key.extend_from_slice(queue);
+        key.push(0);
+        key.extend_from_slice(domain);
+        if let Some(&decided) = rights.decided.get(key.as_slice()) {
+            return decided;
+        }
+        let decided = covered(&rights.grants, kind, queue, domain);
+        if rights.decided.len() >= MAX_DECIDED {
+            rights.decided.clear();
+        }
+        rights.decided.insert(key.clone(), decided);
+        decided
+    })
+}
+
+/// `role`'s grants (its own and those of the roles whose privileges it
+/// inherits), or that it needs none.
+fn read(role: pg_sys::Oid) -> RoleRights {
+    let tables = state_tables::lookup();
+    let bypass = unsafe { pg_sys::superuser_arg(role) } || tables.is_some_and(|t| t.owners().contains(&role));
+    let mut rights = RoleRights { bypass, grants: Vec::new(), decided: HashMap::new() };
+    let Some(table) = tables.and_then(|t| t.rights).filter(|_| !bypass) else { return rights };
+    rights.grants = state_tables::as_owner_of(table, || {
+        Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT kind, pg_catalog.convert_to(queue, pg_catalog.getdatabaseencoding()), \
+                            pg_catalog.convert_to(domain, pg_catalog.getdatabaseencoding()) \
+                       FROM pgticket.rights \
+                      WHERE pg_catalog.pg_has_role($1, role::pg_catalog.oid, 'USAGE')",
+                    None,
+                    &[role.into()],
+                )?
+                .map(|row| {
+                    let kind: String = row.get(1)?.unwrap_or_default();
+                    let queue = row.get::<Vec<u8>>(2)?.unwrap_or_default();
+                    let domain = row.get::<Vec<u8>>(3)?.unwrap_or_default();
+                    Ok(RightKind::from_sql_name(&kind).map(|kind| ScopeGrant { kind, queue, domain }))
+                })
+                .filter_map(Result::transpose)
+                .collect::<Result<Vec<_>, pgrx::spi::Error>>()
+        })
+    })
+    .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot read pgticket.rights: {e}"));
+    rights
+}
+
+/// May the current user allocate from this scope (`kind` 'scope' or
+/// 'ticket': `queue`, `domain`) or block name (`kind` 'block': `queue` is
+/// the name, `domain` NULL)? True for everyone while
+/// `pg_ticket.scope_rights` is off. `pgticket.marks` shows only these rows.
+#[pg_extern(stable, parallel_restricted)]
+fn may_allocate(kind: Option<&str>, queue: Option<Name<'_>>, domain: Option<Name<'_>>) -> bool {
+    crate::errors::postgres_errors_as_raised(|| {
+        let kind = crate::api::required("kind", kind);
+        let queue = crate::api::required("queue", queue);
+        let right = match kind {
+            "scope" | "ticket" => RightKind::Scope,
+            "block" => RightKind::Block,
+            other => TicketError::InvalidArgument(format!("kind is 'scope', 'ticket' or 'block', not {other:?}")).raise(),
+        };
+        let domain = match right {
+            RightKind::Scope => crate::api::required("domain", domain),
+            RightKind::Block => Name(b""),
+        };
+        check(right, queue, domain, String::new).is_ok()
+    })
+}
+
+/// Any change of the grants reaches every backend at its next transaction
+/// (a relcache invalidation of the table drops their caches).
+#[pg_trigger(sql = false)]
+fn rights_changed<'a>(trigger: &'a pgrx::PgTrigger<'a>) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, pgrx::PgTriggerError> {
+    unsafe { pg_sys::CacheInvalidateRelcacheByRelid(trigger.relation()?.oid()) };
+    Ok(None)
+}
+
+extension_sql!(
+    r#"
+-- 0.3.0: rights per scope (SPEC §16), used while pg_ticket.scope_rights is
+-- on. A pattern's trailing * is a prefix ('*' alone: every name); a scope
+-- grant covers the queue's counters and tickets, a block grant block names
+-- (domain '*'). Grants name roles as regrole, so a dump carries them by
+-- name (a restore needs the roles, as GRANT does).
+CREATE TABLE pgticket.rights (
+    role regrole NOT NULL,
+    kind text NOT NULL CHECK (kind IN ('scope', 'block')),
+    queue text COLLATE "C" NOT NULL,
+    domain text COLLATE "C" NOT NULL DEFAULT '*',
+    PRIMARY KEY (role, kind, queue, domain)
+);
+COMMENT ON TABLE pgticket.rights IS
+    'Which roles may allocate from which scopes and block names while pg_ticket.scope_rights is on (grant_scope, grant_block)';
+CREATE FUNCTION pgticket.rights_changed() RETURNS trigger
+    LANGUAGE c AS 'MODULE_PATHNAME', 'rights_changed_wrapper';
+CREATE TRIGGER changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgticket.rights
+    FOR EACH STATEMENT EXECUTE FUNCTION pgticket.rights_changed();
+ALTER TABLE pgticket.rights ENABLE ALWAYS TRIGGER changed;
+SELECT pg_catalog.pg_extension_config_dump('pgticket.rights', '');
+REVOKE ALL ON pgticket.rights FROM PUBLIC;
+REVOKE ALL ON FUNCTION pgticket.rights_changed() FROM PUBLIC;
+CREATE VIEW pgticket.scope_grants AS
+    SELECT role, kind,
+           CASE WHEN kind OPERATOR(pg_catalog.=) 'scope' THEN queue END AS queue,
+           CASE WHEN kind OPERATOR(pg_catalog.=) 'scope' THEN domain END AS domain,
+           CASE WHEN kind OPERATOR(pg_catalog.=) 'block' THEN queue END AS block_name
+      FROM pgticket.rights;
+COMMENT ON VIEW pgticket.scope_grants IS
+    'The grants of scopes (queue, domain) and block names to roles; a trailing * is a prefix';
+REVOKE ALL ON pgticket.scope_grants FROM PUBLIC;
+CREATE FUNCTION pgticket.change_right(grant_it boolean, role regrole, kind text, queue text, domain text)
+RETURNS boolean VOLATILE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    what text := CASE kind WHEN 'scope' THEN 'queue' ELSE 'name' END;
+    changed integer;
+BEGIN
+    IF role IS NULL OR queue IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', CASE WHEN role IS NULL THEN 'role' ELSE what END
+            USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles r WHERE r.oid = role) THEN
+        RAISE EXCEPTION 'role with OID % does not exist', role::oid USING ERRCODE = 'undefined_object';
+    END IF;
+    domain := coalesce(domain, '*');
+    IF queue = '' OR domain = '' THEN
+        RAISE EXCEPTION '% must not be empty', CASE WHEN queue = '' THEN what ELSE 'domain' END
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    -- A name is at most 255 bytes; a pattern adds its star.
+    IF octet_length(queue) - (right(queue, 1) = '*')::integer > 255 OR octet_length(domain) - (right(domain, 1) = '*')::integer > 255 THEN
+        RAISE EXCEPTION '% is longer than 255 bytes', CASE WHEN octet_length(queue) > 255 THEN what ELSE 'domain' END
+            USING ERRCODE = 'invalid_parameter_value';
+    END IF;
+    IF grant_it THEN
+        INSERT INTO pgticket.rights AS r (role, kind, queue, domain) VALUES (role, kind, queue, domain) ON CONFLICT DO NOTHING;
+    ELSE
+        DELETE FROM pgticket.rights r
+         WHERE r.role = change_right.role AND r.kind = change_right.kind AND r.queue = change_right.queue AND r.domain = change_right.domain;
+    END IF;
+    GET DIAGNOSTICS changed = ROW_COUNT;
+    RETURN changed > 0;
+END $$;
+REVOKE ALL ON FUNCTION pgticket.change_right(boolean, regrole, text, text, text) FROM PUBLIC;
+CREATE FUNCTION grant_scope(role regrole, queue text, domain text DEFAULT NULL) RETURNS boolean
+VOLATILE SECURITY DEFINER LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pgticket.change_right(true, role, 'scope', queue, domain) $$;
+CREATE FUNCTION revoke_scope(role regrole, queue text, domain text DEFAULT NULL) RETURNS boolean
+VOLATILE SECURITY DEFINER LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pgticket.change_right(false, role, 'scope', queue, domain) $$;
+CREATE FUNCTION grant_block(role regrole, name text) RETURNS boolean
+VOLATILE SECURITY DEFINER LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pgticket.change_right(true, role, 'block', name, NULL) $$;
+CREATE FUNCTION revoke_block(role regrole, name text) RETURNS boolean
+VOLATILE SECURITY DEFINER LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pgticket.change_right(false, role, 'block', name, NULL) $$;
+COMMENT ON FUNCTION grant_scope(regrole, text, text) IS
+    'Lets role allocate from (queue, domain) while pg_ticket.scope_rights is on (NULL domain: every domain; a trailing * is a prefix); true if new';
+COMMENT ON FUNCTION revoke_scope(regrole, text, text) IS
+    'Removes the grant grant_scope(role, queue, domain) made; true if there was one';
+COMMENT ON FUNCTION grant_block(regrole, text) IS
+    'Lets role reserve blocks of name while pg_ticket.scope_rights is on (a trailing * is a prefix); true if new';
+COMMENT ON FUNCTION revoke_block(regrole, text) IS
+    'Removes the grant grant_block(role, name) made; true if there was one';
+REVOKE EXECUTE ON FUNCTION grant_scope(regrole, text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION revoke_scope(regrole, text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION grant_block(regrole, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION revoke_block(regrole, text) FROM PUBLIC;
+-- A role sees the marks of the scopes and block names it may use.
+CREATE OR REPLACE VIEW pgticket.marks AS
+    SELECT 'scope'::text AS kind, queue, domain, NULL::text AS block_name, mark,
+           max_mark - mark AS remaining, max_mark
+      FROM pgticket.scoped_counters WHERE may_allocate('scope', queue, domain)
+    UNION ALL
+    SELECT 'block'::text, NULL, NULL, name, mark, max_mark - mark, max_mark
+      FROM pgticket.blocks WHERE may_allocate('block', name, NULL)
+    UNION ALL
+    SELECT 'ticket'::text, queue, domain, NULL, mark, 9223372036854775807 - mark, 9223372036854775807
+      FROM pgticket.tickets WHERE may_allocate('ticket', queue, domain);
+"#,
+    name = "rights",
+    requires = [may_allocate, "schema", "ticket_views"]
+);

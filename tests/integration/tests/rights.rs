@@ -1,0 +1,272 @@
+//! Rights per scope (SPEC §16, issue #22): with `pg_ticket.scope_rights`
+//! on (here per database), a role allocates only where a grant covers the
+//! scope or block name; off, as in 0.2.0. Each test has a database and
+//! roles of its own (roles are the cluster's: their names carry the test's).
+
+use pg_ticket_integration::{pg_tool, shared_cluster, sqlstate, Cluster};
+use postgres::Client;
+
+fn cluster() -> &'static Cluster {
+    shared_cluster("rights", 55430, &[])
+}
+
+/// A fresh database `db` (rights on if `on`), and login roles `roles`
+/// created anew.
+fn setup(db: &str, roles: &[&str], on: bool) -> Client {
+    let c = cluster();
+    let mut admin = c.fresh_db(db);
+    for role in roles {
+        let mut postgres = c.connect();
+        // A previous run's role may hold grants in other databases: none
+        // depends on it (grants name it by OID).
+        postgres.batch_execute(&format!("DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN")).unwrap();
+    }
+    if on {
+        admin.batch_execute(&format!("ALTER DATABASE {db} SET pg_ticket.scope_rights = on")).unwrap();
+    }
+    admin
+}
+
+fn as_role(db: &str, role: &str) -> Client {
+    cluster().connect_as(role, db)
+}
+
+/// The value of a one-value query, or the error's SQLSTATE and message.
+fn value(c: &mut Client, sql: &str) -> Result<i64, (String, String)> {
+    c.query_one(sql, &[]).map(|r| r.get(0)).map_err(|e| (sqlstate(&e), e.as_db_error().map(|d| d.message().to_string()).unwrap_or_default()))
+}
+
+#[track_caller]
+fn refused(c: &mut Client, sql: &str, names: &str) {
+    match value(c, sql) {
+        Err((state, message)) => {
+            assert_eq!(state, "42501", "{sql}: {message}");
+            assert!(message.contains(names), "{sql}: the refusal {message:?} names {names:?}");
+        }
+        Ok(v) => panic!("{sql} was allowed (returned {v})"),
+    }
+}
+
+fn count(c: &mut Client, sql: &str) -> i64 {
+    c.query_one(sql, &[]).unwrap().get(0)
+}
+
+#[test]
+fn exact_and_prefix_grants_decide_for_counters_tickets_blocks_and_triggers() {
+    let db = "rights_grants";
+    let mut admin = setup(db, &["rg_alice", "rg_bob"], true);
+    admin
+        .batch_execute(
+            "SELECT grant_scope('rg_alice', 'invoices', 'shop-17/2026');
+             SELECT grant_scope('rg_alice', 'orders-*');
+             SELECT grant_scope('rg_alice', 'tix', 't-*');
+             SELECT grant_block('rg_alice', 'batch-*');
+             CREATE TABLE inv (id bigint, q text, d text);
+             SELECT number_rows('inv', 'id', 'q', domain_column => 'd');
+             CREATE TABLE res (id bigint, q text, d text);
+             SELECT number_rows('res', 'id', 'q', domain_column => 'd', allocator => 'ticket');
+             GRANT SELECT, INSERT ON inv, res TO rg_alice, rg_bob;",
+        )
+        .unwrap();
+    let mut alice = as_role(db, "rg_alice");
+    assert_eq!(value(&mut alice, "SELECT next_scoped_id('invoices', 'shop-17/2026')"), Ok(1));
+    refused(&mut alice, "SELECT next_scoped_id('invoices', 'shop-17/2027')", r#"scope ("invoices", "shop-17/2027"): no grant covers it for role "rg_alice""#);
+    refused(&mut alice, "SELECT current_scoped_id('invoices', 'shop-17/2027')", r#""shop-17/2027""#);
+    assert_eq!(value(&mut alice, "SELECT next_scoped_id('orders-eu', 'any')"), Ok(1), "a queue prefix with every domain");
+    refused(&mut alice, "SELECT next_scoped_id('orders', 'any')", r#"scope ("orders", "any")"#);
+    assert_eq!(value(&mut alice, "SELECT last_id FROM reserve_block('batch-7', 5)"), Ok(5));
+    refused(&mut alice, "SELECT last_id FROM reserve_block('other', 5)", r#"block "other""#);
+    refused(&mut alice, "SELECT next_scoped_id('batch-7', 'x')", "scope"); // a block grant is not a scope grant
+    assert_eq!(value(&mut alice, "SELECT next_ticket('tix', 't-1')"), Ok(1));
+    refused(&mut alice, "SELECT next_ticket('tix', 'u-1')", r#"ticket scope ("tix", "u-1")"#);
+    // The triggers, row by row.
+    assert_eq!(value(&mut alice, "INSERT INTO inv (q, d) VALUES ('invoices', 'shop-17/2026') RETURNING id"), Ok(2));
+    refused(&mut alice, "INSERT INTO inv (q, d) VALUES ('invoices', 'shop-18/2026') RETURNING id", r#""shop-18/2026""#);
+    assert!(value(&mut alice, "INSERT INTO res (q, d) VALUES ('tix', 't-9') RETURNING id").is_ok());
+    refused(&mut alice, "INSERT INTO res (q, d) VALUES ('tix', 'zz') RETURNING id", r#"ticket scope ("tix", "zz")"#);
+
+    // No grant: every allocation refused.
+    let mut bob = as_role(db, "rg_bob");
+    refused(&mut bob, "SELECT next_scoped_id('invoices', 'shop-17/2026')", r#"role "rg_bob""#);
+    refused(&mut bob, "SELECT next_ticket('tix', 't-1')", r#"role "rg_bob""#);
+    refused(&mut bob, "SELECT last_id FROM reserve_block('batch-7', 5)", r#"role "rg_bob""#);
+    refused(&mut bob, "INSERT INTO inv (q, d) VALUES ('invoices', 'shop-17/2026') RETURNING id", r#"role "rg_bob""#);
+
+    // Refusals changed nothing; the superuser needs no grant.
+    assert_eq!(count(&mut admin, "SELECT count(*) FROM pgticket.scoped_counters WHERE domain IN ('shop-17/2027', 'shop-18/2026') OR queue = 'orders'"), 0);
+    assert_eq!(count(&mut admin, "SELECT count(*) FROM pgticket.blocks WHERE name = 'other'"), 0);
+    assert_eq!(value(&mut admin, "SELECT next_scoped_id('invoices', 'shop-17/2026')"), Ok(3));
+    assert_eq!(value(&mut admin, "SELECT next_scoped_id('anything', 'at all')"), Ok(1));
+}
+
+#[test]
+fn the_state_tables_owner_needs_no_grant() {
+    let db = "rights_owner";
+    let mut admin = setup(db, &["rg_owner"], true);
+    admin
+        .batch_execute("ALTER TABLE pgticket.scoped_counters OWNER TO rg_owner; ALTER TABLE pgticket.blocks OWNER TO rg_owner; ALTER TABLE pgticket.tickets OWNER TO rg_owner")
+        .unwrap();
+    let mut owner = as_role(db, "rg_owner");
+    assert_eq!(value(&mut owner, "SELECT next_scoped_id('q', 'd')"), Ok(1));
+    assert_eq!(value(&mut owner, "SELECT last_id FROM reserve_block('b', 2)"), Ok(2));
+    assert_eq!(value(&mut owner, "SELECT next_ticket('q', 'd')"), Ok(1));
+}
+
+#[test]
+fn grants_and_revokes_are_transactional_and_reach_open_sessions() {
+    let db = "rights_xact";
+    let mut admin = setup(db, &["rg_carol"], true);
+    let mut carol = as_role(db, "rg_carol");
+    let take = "SELECT next_scoped_id('ledger', 'eu')";
+    refused(&mut carol, take, r#""ledger""#);
+    let mut tx = admin.transaction().unwrap();
+    tx.execute("SELECT grant_scope('rg_carol', 'ledger', 'eu')", &[]).unwrap();
+    refused(&mut carol, take, r#""ledger""#); // not committed
+    tx.rollback().unwrap();
+    refused(&mut carol, take, r#""ledger""#);
+    assert_eq!(count(&mut admin, "SELECT count(*) FROM pgticket.scope_grants"), 0, "a rolled-back grant is gone");
+
+    let granted: bool = admin.query_one("SELECT grant_scope('rg_carol', 'ledger', 'eu')", &[]).unwrap().get(0);
+    assert!(granted);
+    assert_eq!(value(&mut carol, take), Ok(1), "a committed grant reaches an open session at its next transaction");
+    assert_eq!(value(&mut carol, "SELECT current_scoped_id('ledger', 'eu')"), Ok(1));
+    let again: bool = admin.query_one("SELECT grant_scope('rg_carol', 'ledger', 'eu')", &[]).unwrap().get(0);
+    assert!(!again, "granting twice is one grant");
+
+    let mut tx = admin.transaction().unwrap();
+    let revoked: bool = tx.query_one("SELECT revoke_scope('rg_carol', 'ledger', 'eu')", &[]).unwrap().get(0);
+    assert!(revoked);
+    assert_eq!(value(&mut carol, take), Ok(2), "a revoke counts from its commit");
+    tx.commit().unwrap();
+    refused(&mut carol, take, r#""ledger""#);
+    let twice: bool = admin.query_one("SELECT revoke_scope('rg_carol', 'ledger', 'eu')", &[]).unwrap().get(0);
+    assert!(!twice, "nothing left to revoke");
+    // A revoke names the grant as made: revoking one domain of a grant of
+    // every domain removes nothing.
+    admin.execute("SELECT grant_scope('rg_carol', 'ledger')", &[]).unwrap();
+    let partial: bool = admin.query_one("SELECT revoke_scope('rg_carol', 'ledger', 'eu')", &[]).unwrap().get(0);
+    assert!(!partial);
+    assert_eq!(value(&mut carol, take), Ok(3));
+}
+
+#[test]
+fn grants_survive_a_dump_and_restore() {
+    let db = "rights_dump";
+    let mut admin = setup(db, &["rg_dave"], true);
+    admin.batch_execute("SELECT grant_scope('rg_dave', 'q*', 'd'); SELECT grant_block('rg_dave', 'pool')").unwrap();
+    let c = cluster();
+    let dump = c.dir.join("rights.dump");
+    let (host, port) = (c.dir.to_str().unwrap().to_string(), c.port.to_string());
+    let conn = ["-h", host.as_str(), "-p", port.as_str(), "-U", "postgres"];
+    pg_tool("pg_dump", &[&conn[..], &["-Fc", "-f", dump.to_str().unwrap(), db]].concat());
+    let mut postgres = c.connect();
+    for sql in ["DROP DATABASE IF EXISTS rights_restored WITH (FORCE)", "CREATE DATABASE rights_restored", "ALTER DATABASE rights_restored SET pg_ticket.scope_rights = on"] {
+        postgres.batch_execute(sql).unwrap();
+    }
+    pg_tool("pg_restore", &[&conn[..], &["-d", "rights_restored", dump.to_str().unwrap()]].concat());
+    let grants = |c: &mut Client| -> Vec<String> {
+        c.query("SELECT format('%s %s %s %s %s', role, kind, queue, domain, block_name) FROM pgticket.scope_grants ORDER BY 1", &[])
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    };
+    let mut restored = c.connect_as("postgres", "rights_restored");
+    assert_eq!(grants(&mut restored), grants(&mut admin));
+    assert_eq!(grants(&mut restored).len(), 2);
+    let mut dave = as_role("rights_restored", "rg_dave");
+    assert_eq!(value(&mut dave, "SELECT next_scoped_id('queue', 'd')"), Ok(1));
+    assert_eq!(value(&mut dave, "SELECT last_id FROM reserve_block('pool', 3)"), Ok(3));
+    refused(&mut dave, "SELECT next_scoped_id('queue', 'e')", r#""e""#);
+}
+
+#[test]
+fn a_plain_role_sees_only_the_marks_and_cached_tickets_it_may_use() {
+    let db = "rights_views";
+    let mut admin = setup(db, &["rg_erin"], true);
+    admin
+        .batch_execute(
+            "SELECT grant_scope('rg_erin', 'mine', '*'); SELECT grant_block('rg_erin', 'my-*');
+             SELECT next_scoped_id('mine', 'a'), next_scoped_id('theirs', 'a');
+             SELECT reserve_block('my-pool', 10), reserve_block('their-pool', 10);
+             SELECT next_ticket('mine', 't'), next_ticket('theirs', 't');",
+        )
+        .unwrap();
+    let rows = |c: &mut Client, sql: &str| -> Vec<String> { c.query(sql, &[]).unwrap().iter().map(|r| r.get(0)).collect() };
+    let marks = "SELECT format('%s %s %s', kind, coalesce(queue, block_name), coalesce(domain, '-')) FROM pgticket.marks ORDER BY 1";
+    let cache = "SELECT format('%s %s', queue, domain) FROM pgticket.ticket_cache ORDER BY 1";
+    let mut erin = as_role(db, "rg_erin");
+    assert_eq!(rows(&mut erin, marks), ["block my-pool -", "scope mine a", "ticket mine t"]);
+    assert_eq!(rows(&mut erin, cache), ["mine t"]);
+    assert_eq!(rows(&mut admin, marks).len(), 6, "the superuser sees every row");
+    assert_eq!(rows(&mut admin, cache).len(), 2);
+    let may: Vec<bool> = erin
+        .query_one("SELECT may_allocate('scope', 'mine', 'x'), may_allocate('ticket', 'theirs', 't'), may_allocate('block', 'my-x', NULL)", &[])
+        .map(|r| vec![r.get(0), r.get(1), r.get(2)])
+        .unwrap();
+    assert_eq!(may, [true, false, true]);
+}
+
+#[test]
+fn off_lets_every_role_allocate_as_0_2_0_did_and_no_role_turns_it_off() {
+    let db = "rights_off";
+    let mut admin = setup(db, &["rg_frank"], false);
+    admin.batch_execute("SELECT grant_scope('rg_frank', 'only-this', 'one')").unwrap();
+    let mut frank = as_role(db, "rg_frank");
+    assert_eq!(value(&mut frank, "SELECT next_scoped_id('anything', 'x')"), Ok(1));
+    assert_eq!(value(&mut frank, "SELECT next_ticket('anything', 'x')"), Ok(1));
+    assert_eq!(value(&mut frank, "SELECT last_id FROM reserve_block('any', 4)"), Ok(4));
+    assert_eq!(count(&mut frank, "SELECT count(*) FROM pgticket.marks"), 3, "every row is visible while off");
+    assert_eq!(count(&mut frank, "SELECT count(*) FROM pgticket.ticket_cache"), 1);
+    let on = "rights_on";
+    setup(on, &[], true);
+    let mut frank_on = as_role(on, "rg_frank");
+    let err = frank_on.batch_execute("SET pg_ticket.scope_rights = off").unwrap_err();
+    assert_eq!(sqlstate(&err), "42501", "{err}");
+    refused(&mut frank_on, "SELECT next_scoped_id('anything', 'x')", r#"role "rg_frank""#);
+}
+
+#[test]
+fn membership_set_role_and_bad_input() {
+    let db = "rights_roles";
+    let mut admin = setup(db, &["rg_group", "rg_heir", "rg_plain"], true);
+    admin
+        .batch_execute(
+            "ALTER ROLE rg_plain NOINHERIT; GRANT rg_group TO rg_heir; GRANT rg_group TO rg_plain;
+             SELECT grant_scope('rg_group', 'team', 'x');",
+        )
+        .unwrap();
+    let take = "SELECT next_scoped_id('team', 'x')";
+    let mut heir = as_role(db, "rg_heir");
+    assert_eq!(value(&mut heir, take), Ok(1), "a member that inherits its group's privileges inherits its grants");
+    let mut plain = as_role(db, "rg_plain");
+    refused(&mut plain, take, r#"role "rg_plain""#);
+    // SET ROLE is checked at every call, also for a scope this transaction
+    // already holds.
+    plain.batch_execute("BEGIN; SET ROLE rg_group").unwrap();
+    assert_eq!(value(&mut plain, take), Ok(2));
+    plain.batch_execute("RESET ROLE").unwrap();
+    refused(&mut plain, take, r#"role "rg_plain""#);
+    plain.batch_execute("ROLLBACK").unwrap();
+
+    for (sql, state) in [
+        ("SELECT grant_scope(NULL, 'q')", "22004"),
+        ("SELECT grant_scope('rg_plain', NULL)", "22004"),
+        ("SELECT grant_scope('rg_plain', '')", "22023"),
+        ("SELECT grant_scope('rg_plain', 'q', '')", "22023"),
+        ("SELECT grant_scope('rg_plain', repeat('q', 256))", "22023"),
+        ("SELECT grant_block('rg_plain', repeat('q', 256) || '*x')", "22023"),
+        ("SELECT grant_scope('rg_nobody_at_all', 'q')", "42704"),
+        ("SELECT may_allocate('sequence', 'q', 'd')", "22023"),
+    ] {
+        let err = admin.batch_execute(sql).unwrap_err();
+        assert_eq!(sqlstate(&err), state, "{sql}: {err}");
+    }
+    assert!(admin.batch_execute("SELECT grant_block('rg_plain', repeat('q', 255) || '*')").is_ok(), "a 255-byte prefix");
+    assert_eq!(count(&mut admin, "SELECT count(*) FROM pgticket.scope_grants WHERE role = 'rg_plain'::regrole"), 1);
+    // Administration is not for PUBLIC.
+    for sql in ["SELECT grant_scope('rg_plain', 'q')", "SELECT revoke_scope('rg_group', 'team', 'x')", "SELECT grant_block('rg_plain', 'b')", "TABLE pgticket.scope_grants"] {
+        let err = heir.batch_execute(sql).unwrap_err();
+        assert_eq!(sqlstate(&err), "42501", "{sql}: {err}");
+    }
+}
