@@ -427,14 +427,20 @@ REVOKE EXECUTE ON FUNCTION grant_scope(regrole, text, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION revoke_scope(regrole, text, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION grant_block(regrole, text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION revoke_block(regrole, text) FROM PUBLIC;
--- A role sees the marks of the scopes and block names it may use.
-CREATE OR REPLACE VIEW pgticket.marks AS
-    SELECT 'scope'::text AS kind, queue, domain, NULL::text AS block_name, mark,
-           max_mark - mark AS remaining, max_mark
-      FROM pgticket.scoped_counters WHERE may_allocate('scope', queue, domain)
-    UNION ALL
-    SELECT 'block'::text, NULL, NULL, name, mark, max_mark - mark, max_mark
-      FROM pgticket.blocks WHERE may_allocate('block', name, NULL)
-    UNION ALL
-    SELECT 'ticket'::text, queue, domain, NULL, mark, 9223372036854775807 - mark, 9223372036854775807
-      FROM pgticket.tickets WHERE may_allocate('ticket', queue, domain);
+-- A role sees the marks of the scopes and block names it may use. The
+-- filter is the view's own condition over the union, and the view a
+-- security barrier: a condition of the caller's (a function that leaks its
+-- arguments) never sees a row filtered out. (In each branch of the union
+-- the caller's condition would be pushed down beside it, and run first.)
+CREATE OR REPLACE VIEW pgticket.marks WITH (security_barrier) AS
+    SELECT m.kind, m.queue, m.domain, m.block_name, m.mark, m.remaining, m.max_mark
+      FROM (SELECT 'scope'::text AS kind, queue, domain, NULL::text AS block_name, mark,
+                   max_mark - mark AS remaining, max_mark
+              FROM pgticket.scoped_counters
+            UNION ALL
+            SELECT 'block'::text, NULL, NULL, name, mark, max_mark - mark, max_mark
+              FROM pgticket.blocks
+            UNION ALL
+            SELECT 'ticket'::text, queue, domain, NULL, mark, 9223372036854775807 - mark, 9223372036854775807
+              FROM pgticket.tickets) m
+     WHERE may_allocate(m.kind, coalesce(m.queue, m.block_name), m.domain);

@@ -205,6 +205,16 @@ fn a_plain_role_sees_only_the_marks_and_cached_tickets_it_may_use() {
         .map(|r| vec![r.get(0), r.get(1), r.get(2)])
         .unwrap();
     assert_eq!(may, [true, false, true]);
+    // A cheap function of the caller's in the WHERE clause (one that
+    // records its arguments) never runs on a row the view filters out.
+    erin.batch_execute(
+        "CREATE TEMP TABLE seen (q text);
+         CREATE FUNCTION pg_temp.leak(q text) RETURNS boolean VOLATILE COST 0.0000001 LANGUAGE plpgsql
+             AS $$ BEGIN INSERT INTO seen VALUES (q); RETURN true; END $$;",
+    )
+    .unwrap();
+    erin.query("SELECT * FROM pgticket.marks WHERE pg_temp.leak(coalesce(queue, block_name))", &[]).unwrap();
+    assert_eq!(rows(&mut erin, "SELECT q FROM seen ORDER BY q"), ["mine", "mine", "my-pool"], "the caller's function saw only its own rows");
 }
 
 #[test]
