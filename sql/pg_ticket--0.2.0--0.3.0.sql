@@ -246,7 +246,7 @@ CREATE OR REPLACE VIEW pgticket.status AS SELECT s.*, ticket_machine_id_source()
 -- 0.3.0: number_rows() creates the assign_scoped_id() / assign_ticket()
 -- trigger with its arguments checked at once (the trigger checks them only
 -- at the first row). The checks are the trigger's (src/triggers.rs: columns
--- by name, the id column bigint, integer, smallint or numeric or a domain
+-- by name, the id column bigint, integer, smallint, numeric, text or varchar or a domain
 -- over one, a literal domain of 1-255 bytes), with its SQLSTATEs. SECURITY
 -- INVOKER: CREATE TRIGGER checks the caller's rights on the table.
 CREATE FUNCTION number_rows(
@@ -313,8 +313,9 @@ BEGIN
     WHILE (SELECT t.typtype FROM pg_type t WHERE t.oid = id_type) = 'd' LOOP
         SELECT t.typbasetype INTO id_type FROM pg_type t WHERE t.oid = id_type;
     END LOOP;
-    IF id_type NOT IN ('bigint'::regtype, 'integer'::regtype, 'smallint'::regtype, 'numeric'::regtype) THEN
-        RAISE EXCEPTION 'column "%" of table % is of type %; the trigger sets bigint, integer, smallint or numeric columns',
+    IF id_type NOT IN ('bigint'::regtype, 'integer'::regtype, 'smallint'::regtype, 'numeric'::regtype,
+                       'text'::regtype, 'character varying'::regtype) THEN
+        RAISE EXCEPTION 'column "%" of table % is of type %; the trigger sets bigint, integer, smallint, numeric, text or varchar columns',
                         id_column, relation, format_type(id_type, NULL)
             USING ERRCODE = 'datatype_mismatch';
     END IF;
@@ -444,3 +445,14 @@ CREATE OR REPLACE VIEW pgticket.marks WITH (security_barrier) AS
             SELECT 'ticket'::text, queue, domain, NULL, mark, 9223372036854775807 - mark, 9223372036854775807
               FROM pgticket.tickets) m
      WHERE may_allocate(m.kind, coalesce(m.queue, m.block_name), m.domain);
+
+-- 0.3.0: string resource IDs (SPEC §15): the canonical decimal string of a
+-- positive counter value, as the triggers write into a text or varchar id
+-- column — no sign, no leading zero, no blank, no scope prefix
+-- ("demo-queue/42" is a URL, not an ID), at most 2^63-1.
+CREATE DOMAIN pgticket.resource_id AS text COLLATE "C"
+    CONSTRAINT resource_id_canonical CHECK (
+        VALUE ~ '^[1-9][0-9]{0,18}$'
+        AND (pg_catalog.length(VALUE) < 19 OR VALUE <= '9223372036854775807'));
+COMMENT ON DOMAIN pgticket.resource_id IS
+    'A resource ID: the canonical decimal string of 1 .. 2^63-1 (no sign, no leading zero, no scope prefix)';

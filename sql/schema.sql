@@ -217,7 +217,7 @@ REVOKE ALL ON pgticket.scope_quota FROM PUBLIC;
 -- 0.3.0: number_rows() creates the assign_scoped_id() / assign_ticket()
 -- trigger with its arguments checked at once (the trigger checks them only
 -- at the first row). The checks are the trigger's (src/triggers.rs: columns
--- by name, the id column bigint, integer, smallint or numeric or a domain
+-- by name, the id column bigint, integer, smallint, numeric, text or varchar or a domain
 -- over one, a literal domain of 1-255 bytes), with its SQLSTATEs. SECURITY
 -- INVOKER: CREATE TRIGGER checks the caller's rights on the table.
 CREATE FUNCTION number_rows(
@@ -284,8 +284,9 @@ BEGIN
     WHILE (SELECT t.typtype FROM pg_type t WHERE t.oid = id_type) = 'd' LOOP
         SELECT t.typbasetype INTO id_type FROM pg_type t WHERE t.oid = id_type;
     END LOOP;
-    IF id_type NOT IN ('bigint'::regtype, 'integer'::regtype, 'smallint'::regtype, 'numeric'::regtype) THEN
-        RAISE EXCEPTION 'column "%" of table % is of type %; the trigger sets bigint, integer, smallint or numeric columns',
+    IF id_type NOT IN ('bigint'::regtype, 'integer'::regtype, 'smallint'::regtype, 'numeric'::regtype,
+                       'text'::regtype, 'character varying'::regtype) THEN
+        RAISE EXCEPTION 'column "%" of table % is of type %; the trigger sets bigint, integer, smallint, numeric, text or varchar columns',
                         id_column, relation, format_type(id_type, NULL)
             USING ERRCODE = 'datatype_mismatch';
     END IF;
@@ -299,3 +300,14 @@ BEGIN
 END $$;
 COMMENT ON FUNCTION number_rows(regclass, name, name, text, name, text) IS
     'Creates a BEFORE INSERT trigger numbering relation''s id_column per scope, its arguments checked now';
+
+-- 0.3.0: string resource IDs (SPEC §15): the canonical decimal string of a
+-- positive counter value, as the triggers write into a text or varchar id
+-- column — no sign, no leading zero, no blank, no scope prefix
+-- ("demo-queue/42" is a URL, not an ID), at most 2^63-1.
+CREATE DOMAIN pgticket.resource_id AS text COLLATE "C"
+    CONSTRAINT resource_id_canonical CHECK (
+        VALUE ~ '^[1-9][0-9]{0,18}$'
+        AND (pg_catalog.length(VALUE) < 19 OR VALUE <= '9223372036854775807'));
+COMMENT ON DOMAIN pgticket.resource_id IS
+    'A resource ID: the canonical decimal string of 1 .. 2^63-1 (no sign, no leading zero, no scope prefix)';

@@ -42,7 +42,7 @@ pub enum TicketError {
     TicketsUnavailable(String),
     #[error("column {column:?} of table {table:?} does not exist (named in the trigger's arguments)")]
     NoSuchColumn { column: String, table: String },
-    #[error("column {column:?} of table {table:?} is of type {type_name}; the trigger sets bigint, integer, smallint or numeric columns")]
+    #[error("column {column:?} of table {table:?} is of type {type_name}; the trigger sets bigint, integer, smallint, numeric, text or varchar columns")]
     WrongColumnType { column: String, table: String, type_name: String },
     #[error(transparent)]
     Lease(#[from] ticket_core::leases::LeaseError),

@@ -11,46 +11,68 @@
 //! setting that lets everyone in.
 //!
 //! The check runs at every allocation, so it must cost next to nothing: a
-//! role's grants are read once per backend (one SPI statement, as the
-//! table's owner) and every scope decided once, in backend memory. Both are
-//! dropped at any relcache invalidation of the grants table, which its
-//! statement trigger sends at every change (`rights_changed`): another
-//! session's `grant_scope()` or `revoke_scope()` counts from its commit, at
-//! this session's next transaction; a restore or a DROP/CREATE EXTENSION
-//! is a new table, found through `state_tables`' generation.
+//! role's grants are read once per backend (a heap scan with the latest
+//! snapshot, indexed in memory: exact names by hash) and every scope decided
+//! once, in a bounded memo. Both are dropped at any relcache invalidation
+//! of the grants table, which its statement trigger sends at every change
+//! (`rights_changed`; a table without that trigger is refused, see
+//! `state_tables`), and at any change of a role or membership: another
+//! session's `grant_scope()`, `revoke_scope()`, `REVOKE group FROM role` or
+//! `ALTER ROLE ... NOSUPERUSER` counts from its commit, at this session's
+//! next transaction (or its next lock); a restore or a DROP/CREATE
+//! EXTENSION is a new table, found through `state_tables`' generation.
 //!
-//! Touches: `pgticket.rights` (read only, as its owner); backend memory.
+//! Touches: `pgticket.rights` (read only); backend memory.
 
 use pgrx::prelude::*;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
+use std::ffi::CStr;
 
 use crate::errors::TicketError;
 use crate::names::Name;
 use crate::{settings, state_tables};
-use ticket_core::rights::{covered, RightKind, ScopeGrant};
+use ticket_core::rights::{GrantIndex, RightKind, ScopeGrant};
 
-/// Scopes decided per role before the memo is started over (a role that
-/// walks through millions of scopes must not grow the backend for ever).
+/// Scopes decided before the memo is started over, for all roles together
+/// (a role that walks through millions of scopes, or a pooler switching
+/// through many roles, must not grow the backend without bound: the memo
+/// is Rust heap, outside PostgreSQL's memory accounting).
 const MAX_DECIDED: usize = 10_000;
+/// Roles whose grants are kept at once.
+const MAX_ROLES: usize = 64;
 
 struct RoleRights {
     /// Superuser or an owner of the state tables.
     bypass: bool,
-    grants: Vec<ScopeGrant>,
+    grants: GrantIndex,
     decided: HashMap<Vec<u8>, bool>,
 }
 
 #[derive(Default)]
 struct Cache {
-    /// The state tables' generation the grants were read at.
+    /// The state tables' generation and the role changes the grants were
+    /// read at.
     generation: u64,
+    role_changes: u64,
     roles: HashMap<pg_sys::Oid, RoleRights>,
+    decided: usize,
     key: Vec<u8>,
 }
 
 thread_local! {
     static CACHE: RefCell<Cache> = RefCell::new(Cache::default());
+    /// Moves at every change of a role or a membership (`ALTER ROLE ...
+    /// SUPERUSER`, `NOINHERIT`, `GRANT`/`REVOKE` of a role), in this
+    /// session or any other: who inherits whose grants, and who needs
+    /// none, may have changed. The callbacks only count: they may not
+    /// touch the catalogs.
+    static ROLE_CHANGES: Cell<u64> = const { Cell::new(0) };
+    static CALLBACKS_REGISTERED: Cell<bool> = const { Cell::new(false) };
+}
+
+unsafe extern "C-unwind" fn on_role_change(_arg: pg_sys::Datum, _cache: std::ffi::c_int, _hash: u32) {
+    ROLE_CHANGES.set(ROLE_CHANGES.get() + 1);
 }
 
 /// May the current user allocate from `(kind, queue, domain)` (a block's
@@ -68,24 +90,37 @@ pub fn check(kind: RightKind, queue: Name<'_>, domain: Name<'_>, label: impl FnO
 
 /// The decision for `role`, from the memo or its grants.
 fn allowed(role: pg_sys::Oid, kind: RightKind, queue: &[u8], domain: &[u8]) -> bool {
+    if !CALLBACKS_REGISTERED.replace(true) {
+        unsafe {
+            pg_sys::CacheRegisterSyscacheCallback(pg_sys::SysCacheIdentifier::AUTHOID as i32, Some(on_role_change), pg_sys::Datum::from(0));
+            pg_sys::CacheRegisterSyscacheCallback(pg_sys::SysCacheIdentifier::AUTHMEMROLEMEM as i32, Some(on_role_change), pg_sys::Datum::from(0));
+        }
+    }
     let generation = state_tables::generation();
+    let role_changes = ROLE_CHANGES.get();
     let known = CACHE.with(|c| {
         let mut c = c.borrow_mut();
-        if c.generation != generation {
+        if c.generation != generation || c.role_changes != role_changes || (c.roles.len() >= MAX_ROLES && !c.roles.contains_key(&role)) {
             c.roles.clear();
+            c.decided = 0;
             c.generation = generation;
+            c.role_changes = role_changes;
         }
         c.roles.contains_key(&role)
     });
     if !known {
-        // Read outside the borrow: SPI may run anything (the owner's
-        // triggers do not fire on a SELECT, but an invalidation may arrive).
+        // Read outside the borrow: an invalidation may arrive meanwhile.
         let rights = read(role);
+        // One that arrived while reading: this read may predate it, so it
+        // is not kept (the next call reads again).
+        if state_tables::generation() != generation || ROLE_CHANGES.get() != role_changes {
+            return rights.bypass || rights.grants.covers(kind, queue, domain);
+        }
         CACHE.with(|c| c.borrow_mut().roles.insert(role, rights));
     }
     CACHE.with(|c| {
         let mut c = c.borrow_mut();
-        let Cache { roles, key, .. } = &mut *c;
+        let Cache { roles, key, decided, .. } = &mut *c;
         let Some(rights) = roles.get_mut(&role) else { return false };
         if rights.bypass {
             return true;
@@ -95,15 +130,18 @@ fn allowed(role: pg_sys::Oid, kind: RightKind, queue: &[u8], domain: &[u8]) -> b
         key.extend_from_slice(queue);
         key.push(0);
         key.extend_from_slice(domain);
-        if let Some(&decided) = rights.decided.get(key.as_slice()) {
-            return decided;
+        if let Some(&answer) = rights.decided.get(key.as_slice()) {
+            return answer;
         }
-        let decided = covered(&rights.grants, kind, queue, domain);
-        if rights.decided.len() >= MAX_DECIDED {
-            rights.decided.clear();
+        let answer = rights.grants.covers(kind, queue, domain);
+        if *decided >= MAX_DECIDED {
+            roles.values_mut().for_each(|r| r.decided.clear());
+            *decided = 0;
         }
-        rights.decided.insert(key.clone(), decided);
-        decided
+        let rights = roles.get_mut(&role).expect("just found");
+        rights.decided.insert(key.clone(), answer);
+        *decided += 1;
+        answer
     })
 }
 
@@ -112,31 +150,59 @@ fn allowed(role: pg_sys::Oid, kind: RightKind, queue: &[u8], domain: &[u8]) -> b
 fn read(role: pg_sys::Oid) -> RoleRights {
     let tables = state_tables::lookup();
     let bypass = unsafe { pg_sys::superuser_arg(role) } || tables.is_some_and(|t| t.owners().contains(&role));
-    let mut rights = RoleRights { bypass, grants: Vec::new(), decided: HashMap::new() };
-    let Some(table) = tables.and_then(|t| t.rights).filter(|_| !bypass) else { return rights };
-    rights.grants = state_tables::as_owner_of(table, || {
-        Spi::connect(|client| {
-            client
-                .select(
-                    "SELECT kind, pg_catalog.convert_to(queue, pg_catalog.getdatabaseencoding()), \
-                            pg_catalog.convert_to(domain, pg_catalog.getdatabaseencoding()) \
-                       FROM pgticket.rights \
-                      WHERE pg_catalog.pg_has_role($1, role::pg_catalog.oid, 'USAGE')",
-                    None,
-                    &[role.into()],
-                )?
-                .map(|row| {
-                    let kind: String = row.get(1)?.unwrap_or_default();
-                    let queue = row.get::<Vec<u8>>(2)?.unwrap_or_default();
-                    let domain = row.get::<Vec<u8>>(3)?.unwrap_or_default();
-                    Ok(RightKind::from_sql_name(&kind).map(|kind| ScopeGrant { kind, queue, domain }))
-                })
-                .filter_map(Result::transpose)
-                .collect::<Result<Vec<_>, pgrx::spi::Error>>()
-        })
-    })
-    .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot read pgticket.rights: {e}"));
-    rights
+    let grants = match tables.and_then(|t| t.rights).filter(|_| !bypass) {
+        Some(table) => read_grants(table.oid, role),
+        None => Vec::new(),
+    };
+    RoleRights { bypass, grants: GrantIndex::new(grants), decided: HashMap::new() }
+}
+
+/// The rows of `pgticket.rights` that `role` inherits, read from the heap
+/// with the latest snapshot — not the statement's or the transaction's,
+/// which may predate a revoke whose invalidation is being answered now (the
+/// grant would be read back and kept) — and with no SPI, so no caller's
+/// setting or the table owner's rules take part.
+fn read_grants(table: pg_sys::Oid, role: pg_sys::Oid) -> Vec<ScopeGrant> {
+    const ROLE: i32 = 1;
+    const KIND: i32 = 2;
+    const QUEUE: i32 = 3;
+    const DOMAIN: i32 = 4;
+    let mut grants = Vec::new();
+    unsafe {
+        let rel = pg_sys::table_open(table, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
+        let scan = pg_sys::systable_beginscan(rel, pg_sys::InvalidOid, false, snapshot, 0, std::ptr::null_mut());
+        let text = |tuple: *mut pg_sys::HeapTupleData, column: i32| -> Option<Vec<u8>> {
+            let mut is_null = false;
+            let datum = pg_sys::heap_getattr(tuple, column, (*rel).rd_att, &mut is_null);
+            (!is_null).then(|| {
+                let c = pg_sys::text_to_cstring(datum.cast_mut_ptr());
+                let bytes = CStr::from_ptr(c).to_bytes().to_vec();
+                pg_sys::pfree(c.cast());
+                bytes
+            })
+        };
+        loop {
+            pgrx::check_for_interrupts!();
+            let tuple = pg_sys::systable_getnext(scan);
+            if tuple.is_null() {
+                break;
+            }
+            let mut is_null = false;
+            let grantee = pg_sys::heap_getattr(tuple, ROLE, (*rel).rd_att, &mut is_null);
+            if is_null || !pg_sys::has_privs_of_role(role, pg_sys::Oid::from(grantee.value() as u32)) {
+                continue;
+            }
+            let kind = text(tuple, KIND).and_then(|k| RightKind::from_sql_name(std::str::from_utf8(&k).ok()?));
+            if let (Some(kind), Some(queue), Some(domain)) = (kind, text(tuple, QUEUE), text(tuple, DOMAIN)) {
+                grants.push(ScopeGrant { kind, queue, domain });
+            }
+        }
+        pg_sys::systable_endscan(scan);
+        pg_sys::UnregisterSnapshot(snapshot);
+        pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+    }
+    grants
 }
 
 /// May the current user allocate from this scope (`kind` 'scope' or

@@ -111,6 +111,8 @@ pub fn lookup() -> Option<Tables> {
                     (SELECT pg_catalog.string_agg(t.tgname::pg_catalog.text, ', ') FROM pg_catalog.pg_trigger t \
                       WHERE t.tgrelid OPERATOR(pg_catalog.=) c.oid AND t.tgenabled OPERATOR(pg_catalog.<>) 'A' \
                         AND t.tgname OPERATOR(pg_catalog.=) ANY ('{never_emptied,never_truncated,forward_only,changed}')) \
+                    , EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid OPERATOR(pg_catalog.=) c.oid \
+                        AND t.tgname OPERATOR(pg_catalog.=) 'changed') \
                FROM pg_catalog.pg_extension e \
                JOIN pg_catalog.pg_depend d ON d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass \
                     AND d.refobjid OPERATOR(pg_catalog.=) e.oid AND d.deptype OPERATOR(pg_catalog.=) 'e' \
@@ -129,6 +131,10 @@ pub fn lookup() -> Option<Tables> {
             let schema: String = row.get(6)?.unwrap_or_default();
             let not_always: Option<String> = row.get(7)?;
             refuse_unfit(&name, &persistence, &schema, not_always.as_deref());
+            let has_changed_trigger = row.get::<bool>(8)?.unwrap_or(false);
+            if matches!(name.as_str(), "rights" | "id_space") && !has_changed_trigger {
+                refuse_without_changed_trigger(&name);
+            }
             match name.as_str() {
                 "scoped_counters" => {
                     scoped_counters = Some(table);
@@ -182,6 +188,18 @@ fn refuse_unfit(table: &str, persistence: &str, schema: &str, not_always: Option
         ))
         .raise();
     }
+}
+
+/// A table whose statement trigger tells every session of its changes
+/// (`changed`) must have it: without it a revoke, or another ID space,
+/// would never reach the sessions that cached the table.
+fn refuse_without_changed_trigger(table: &str) -> ! {
+    crate::errors::TicketError::StateTableUnfit(format!(
+        "pg_ticket: the state table pgticket.{table} has lost its trigger \"changed\" (other sessions would not see its changes); \
+         run CREATE TRIGGER changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgticket.{table} \
+         FOR EACH STATEMENT EXECUTE FUNCTION pgticket.{table}_changed(); ALTER TABLE pgticket.{table} ENABLE ALWAYS TRIGGER changed"
+    ))
+    .raise()
 }
 
 unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid: pg_sys::Oid) {

@@ -23,7 +23,11 @@
 //! printed under fixed settings (ISO dates, UTC, shortest exact floats,
 //! hex bytea, C money), so two sessions never number one day's invoices
 //! from two scopes. The value written respects the column's type modifier
-//! and domain, as an INSERT of it would (22003 / 23514 at that row).
+//! and domain, as an INSERT of it would (22003 / 22001 / 23514 at that row).
+//!
+//! A text or varchar id column gets the value's canonical decimal string
+//! (SPEC §15: `42`, never `+42`, `042` or `demo-queue/42`); the domain
+//! `pgticket.resource_id` accepts only such strings.
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -147,6 +151,10 @@ extern "C-unwind" {
     /// `int8(numeric)`.
     #[link_name = "numeric_int8"]
     fn numeric_to_int8(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum;
+    /// `varchar(varchar, integer, boolean)`, the cast that applies a
+    /// length limit (22001 past it, as an INSERT would).
+    #[link_name = "varchar"]
+    fn varchar_with_typmod(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum;
 }
 
 /// `value` (of the id column's base type) made a value of the column: its
@@ -168,6 +176,15 @@ fn coerce_to_column(allocated: i64, value: pg_sys::Datum, tupdesc: pg_sys::Tuple
                 pg_sys::InvalidOid,
                 value,
                 pg_sys::Datum::from(typmod),
+            );
+        }
+        if base == pg_sys::VARCHAROID && typmod >= 0 {
+            value = pg_sys::DirectFunctionCall3Coll(
+                Some(varchar_with_typmod),
+                pg_sys::InvalidOid,
+                value,
+                pg_sys::Datum::from(typmod),
+                pg_sys::Datum::from(false),
             );
         }
         if base == pg_sys::NUMERICOID && typmod >= 0 {
@@ -199,6 +216,8 @@ enum IdType {
     Integer,
     SmallInt,
     Numeric,
+    /// text or varchar: the canonical decimal string.
+    Text,
 }
 
 impl IdType {
@@ -209,6 +228,7 @@ impl IdType {
             pg_sys::INT4OID => IdType::Integer,
             pg_sys::INT2OID => IdType::SmallInt,
             pg_sys::NUMERICOID => IdType::Numeric,
+            pg_sys::TEXTOID | pg_sys::VARCHAROID => IdType::Text,
             other => TicketError::WrongColumnType {
                 column: for_message(column.to_bytes()),
                 table: table.to_owned(),
@@ -229,6 +249,10 @@ impl IdType {
             IdType::Integer => pg_sys::Datum::from(i32::try_from(value).unwrap_or_else(|_| too_big("integer"))),
             IdType::SmallInt => pg_sys::Datum::from(i16::try_from(value).unwrap_or_else(|_| too_big("smallint"))),
             IdType::Numeric => pg_sys::Datum::from(unsafe { pg_sys::int64_to_numeric(value) }),
+            IdType::Text => {
+                let decimal = value.to_string();
+                pg_sys::Datum::from(unsafe { pg_sys::cstring_to_text_with_len(decimal.as_ptr().cast(), decimal.len() as i32) })
+            }
         }
     }
 }

@@ -9,11 +9,11 @@
 //!
 //! The safety argument: a lease is reckoned to end at (boot-clock time the
 //! request was *sent*) + ttl, which is no later than the registry's end
-//! for it. An ID's stamp is the wall-clock reading taken just before the
-//! boot clock the reckoning is checked on (after a wait in the generator, a
-//! later reading, checked again after it), so a stamp is never taken after
-//! the reckoned end, and no stamp passes the registry's end plus half the
-//! margin. The wall clock agrees
+//! for it. An ID's stamp is a wall-clock reading taken between two
+//! boot-clock readings the reckoning is checked on (after a wait in the
+//! generator, a later reading, checked after it), so a stamp is never taken
+//! after the reckoned end, and no stamp passes the registry's end plus half
+//! the margin. The wall clock agrees
 //! with the registry's within half the margin (measured at each reply, and
 //! held to the boot clock between replies: a step is refused), and the
 //! next holder of the id stamps only above the lease's end plus the
@@ -28,7 +28,7 @@ use crate::clock::{boot_ms, wall_ms, WallClock};
 use crate::keeper::{LeaseHolder, LeaseKeeper, Published};
 use crate::registry::Grant;
 use crate::ClientError;
-use ticket_core::leases::{check_ttl, StampRefusal};
+use ticket_core::leases::{check_ttl, Reckoning, StampRefusal};
 use ticket_core::snowflake::{self, Clock, MarkStore, SharedState, SnowflakeError};
 
 /// What a `LeasedGenerator` needs. Deserializes from configuration files
@@ -125,24 +125,48 @@ pub struct LeasedGenerator {
     renewer: Option<JoinHandle<()>>,
 }
 
-/// The wall clock for one ID: its first reading is the one the reckoning
-/// was checked against; a later one is flagged for a check after the stamp.
+/// A wall-clock reading between two boot-clock readings.
+#[derive(Clone, Copy)]
+struct ClockReading {
+    boot_before_ms: i64,
+    wall_ms: i64,
+    boot_after_ms: i64,
+}
+
+impl ClockReading {
+    fn now() -> Self {
+        let boot_before_ms = boot_ms();
+        let wall_ms = wall_ms();
+        ClockReading { boot_before_ms, wall_ms, boot_after_ms: boot_ms() }
+    }
+
+    fn check(&self, reckoning: &Reckoning) -> Result<(), StampRefusal> {
+        reckoning.check_between(self.boot_before_ms, self.wall_ms, self.boot_after_ms)
+    }
+}
+
+/// The generator's clock for one ID: first the reading already checked,
+/// then (after a wait) fresh ones, the last of which is kept to be checked
+/// after the stamp. The generator reads its state before the clock; here
+/// the first reading comes before that, which is the same only because the
+/// mutex keeps every other issuer out meanwhile.
 struct CheckedWall {
     checked_ms: Cell<Option<i64>>,
-    read_again: Cell<bool>,
+    read_again: Cell<Option<ClockReading>>,
 }
 
 impl CheckedWall {
-    fn reading(checked_ms: i64) -> Self {
-        CheckedWall { checked_ms: Cell::new(Some(checked_ms)), read_again: Cell::new(false) }
+    fn starting_with(checked_ms: i64) -> Self {
+        CheckedWall { checked_ms: Cell::new(Some(checked_ms)), read_again: Cell::new(None) }
     }
 }
 
 impl Clock for CheckedWall {
     fn now_unix_ms(&self) -> i64 {
         self.checked_ms.take().unwrap_or_else(|| {
-            self.read_again.set(true);
-            wall_ms()
+            let reading = ClockReading::now();
+            self.read_again.set(Some(reading));
+            reading.wall_ms
         })
     }
     fn pause(&self, millis: u64) {
@@ -221,25 +245,26 @@ impl LeasedGenerator {
             StampRefusal::MayHaveEnded => ClientError::LeaseMayHaveEnded { machine_id },
             StampRefusal::ClockStepped { drift_ms } => ClientError::ClockStepped { drift_ms, allowed_ms: reckoning.drift_allowed_ms },
         };
-        // The wall clock is read before the boot clock, and that reading is
-        // the stamp: a check that passes holds at a moment no earlier than
-        // the stamp (a process paused between the two reads is checked at
-        // the later one, and one paused long looks like a clock step).
-        let wall_now_ms = wall_ms();
-        reckoning.check(boot_ms(), wall_now_ms).map_err(refused)?;
-        let clock = CheckedWall::reading(wall_now_ms);
-        // The generator refuses a stamp past the lease's end (the sequence
-        // ran ahead of the clock) before it enters the state.
+        // The stamp is a wall-clock reading taken between two boot-clock
+        // readings, checked before it enters the generator's state (a
+        // stepped clock's stamp would hold later IDs back): the end against
+        // the later boot reading, the drift against both, so a pause
+        // between the reads hides neither (one paused longer than half the
+        // margin is refused as a step).
+        let first = ClockReading::now();
+        first.check(&reckoning).map_err(refused)?;
+        let clock = CheckedWall::starting_with(first.wall_ms);
+        // The generator never stamps past the cap (PastLease): it stamps the
+        // first reading, or a later one after a wait.
         let id = match snowflake::next_id(&held.ids, &clock, &NoMark, grant.epoch_ms, machine_id, reckoning.stamp_cap_ms) {
             Err(SnowflakeError::PastLease { .. }) => return Err(ClientError::LeaseMayHaveEnded { machine_id }),
             other => other?,
         };
-        // A generator that waited (a full millisecond, a clock step back)
-        // stamped a later reading: checked now, after it, so a process paused
-        // or a clock stepped meanwhile finds its lease may be over and drops
-        // the ID it made.
-        if clock.read_again.get() {
-            reckoning.check(boot_ms(), wall_ms()).map_err(refused)?;
+        // After a wait (a full millisecond, a clock step back) the stamp is
+        // a later reading, checked now: a process paused or a clock stepped
+        // meanwhile finds its lease may be over and drops the ID it made.
+        if let Some(later) = clock.read_again.get() {
+            later.check(&reckoning).map_err(refused)?;
         }
         held.last_stamp_ms = Some(grant.epoch_ms + (held.ids.last_state() >> snowflake::SEQUENCE_BITS) as i64);
         Ok((id, grant.lease))

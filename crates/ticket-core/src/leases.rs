@@ -384,6 +384,19 @@ impl Reckoning {
         Ok(())
     }
 
+    /// [`check`](Self::check) for a wall-clock reading taken between two
+    /// boot-clock readings: the end is checked against the later one and
+    /// the drift against both, so a pause between the reads (SIGSTOP, a
+    /// preemption) can hide neither a passed end nor a clock step.
+    pub fn check_between(&self, boot_before_ms: i64, wall_ms: i64, boot_after_ms: i64) -> Result<(), StampRefusal> {
+        self.check(boot_after_ms, wall_ms)?;
+        let drift_ms = (wall_ms - self.replied_wall_ms) - (boot_before_ms - self.replied_boot_ms);
+        if drift_ms.abs() > self.drift_allowed_ms {
+            return Err(StampRefusal::ClockStepped { drift_ms });
+        }
+        Ok(())
+    }
+
     /// Is a stamp (Unix ms, this holder's clock) within the lease?
     pub fn covers(&self, stamp_ms: i64) -> bool {
         stamp_ms <= self.stamp_cap_ms
@@ -582,6 +595,18 @@ mod tests {
         assert_eq!(r.check(11_100, 504_000), Err(StampRefusal::ClockStepped { drift_ms: -6_100 }), "stepped back");
         // A VM paused while its boot clock stood still: the wall clock moved an hour, the boot clock not.
         assert_eq!(r.check(2_100, 500_100 + 3_600_000), Err(StampRefusal::MayHaveEnded), "past the cap");
+    }
+
+    #[test]
+    fn a_pause_between_the_clock_reads_hides_no_step_and_no_end() {
+        let r = Reckoning::from_reply(10_000, 60_000, 10_100, 500_100, &grant(560_000), 0);
+        assert_eq!(r.check_between(11_000, 501_000, 11_000), Ok(()));
+        // Stepped +10 s, then paused 10 s between the wall and the second
+        // boot reading: the later boot reading alone would see no drift.
+        assert_eq!(r.check(21_000, 511_000), Ok(()), "the step hidden from a check of the later reading");
+        assert_eq!(r.check_between(11_000, 511_000, 21_000), Err(StampRefusal::ClockStepped { drift_ms: 10_000 }));
+        // Paused past the reckoned end between the reads.
+        assert_eq!(r.check_between(69_000, 559_000, 70_000), Err(StampRefusal::MayHaveEnded));
     }
 
     #[test]

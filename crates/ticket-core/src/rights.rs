@@ -6,6 +6,8 @@
 //! scoped counters and its tickets; a block grant covers block names. A
 //! grant's "every domain" is the domain pattern `*`.
 
+use std::collections::{HashMap, HashSet};
+
 /// What a grant covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RightKind {
@@ -60,6 +62,50 @@ pub fn covered(grants: &[ScopeGrant], kind: RightKind, queue: &[u8], domain: &[u
     grants.iter().any(|g| g.covers(kind, queue, domain))
 }
 
+/// The domains granted under one exact queue.
+#[derive(Debug, Default)]
+struct Domains {
+    exact: HashSet<Vec<u8>>,
+    prefixes: Vec<Vec<u8>>,
+}
+
+/// A role's grants arranged for lookups that cost the same with 10 000
+/// grants as with one: exact queues and domains by hash, and only the
+/// prefix patterns scanned (a role has few of those, or one that covers
+/// much).
+#[derive(Debug, Default)]
+pub struct GrantIndex {
+    by_queue: HashMap<(RightKind, Vec<u8>), Domains>,
+    queue_prefixes: Vec<ScopeGrant>,
+}
+
+impl GrantIndex {
+    pub fn new(grants: Vec<ScopeGrant>) -> Self {
+        let mut index = GrantIndex::default();
+        for grant in grants {
+            if grant.queue.ends_with(b"*") {
+                index.queue_prefixes.push(grant);
+                continue;
+            }
+            let domains = index.by_queue.entry((grant.kind, grant.queue)).or_default();
+            match grant.domain.strip_suffix(b"*") {
+                Some(prefix) => domains.prefixes.push(prefix.to_vec()),
+                None => {
+                    domains.exact.insert(grant.domain);
+                }
+            }
+        }
+        index
+    }
+
+    pub fn covers(&self, kind: RightKind, queue: &[u8], domain: &[u8]) -> bool {
+        let exact_queue = self.by_queue.get(&(kind, queue.to_vec())).is_some_and(|d| {
+            kind == RightKind::Block || d.exact.contains(domain) || d.prefixes.iter().any(|p| domain.starts_with(p))
+        });
+        exact_queue || self.queue_prefixes.iter().any(|g| g.covers(kind, queue, domain))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,6 +150,39 @@ mod tests {
         assert!(covered(&grants, RightKind::Scope, b"a", b"1"));
         assert!(covered(&grants, RightKind::Scope, b"bee", b"9"));
         assert!(!covered(&grants, RightKind::Scope, b"a", b"2"));
+    }
+
+    #[test]
+    fn the_index_decides_as_the_grants_do() {
+        let grants = vec![
+            grant(RightKind::Scope, "invoices", "shop-17/2026"),
+            grant(RightKind::Scope, "invoices", "shop-18/*"),
+            grant(RightKind::Scope, "orders-*", "eu"),
+            grant(RightKind::Scope, "*", "public-*"),
+            grant(RightKind::Block, "pool", "*"),
+            grant(RightKind::Block, "batch-*", "*"),
+            grant(RightKind::Scope, "a*b", "x"),
+        ];
+        let index = GrantIndex::new(grants.clone());
+        let names: [&[u8]; 12] =
+            [b"invoices", b"shop-17/2026", b"shop-17/2027", b"shop-18/", b"shop-18/x", b"orders-", b"orders-1", b"eu", b"public-x", b"pool", b"batch-9", b"a*b"];
+        for kind in [RightKind::Scope, RightKind::Block] {
+            for queue in names {
+                for domain in names.iter().copied().chain([b"x" as &[u8], b""]) {
+                    assert_eq!(
+                        index.covers(kind, queue, domain),
+                        covered(&grants, kind, queue, domain),
+                        "{kind:?} {:?} {:?}",
+                        String::from_utf8_lossy(queue),
+                        String::from_utf8_lossy(domain)
+                    );
+                }
+            }
+        }
+        assert!(index.covers(RightKind::Block, b"pool", b""));
+        assert!(!index.covers(RightKind::Scope, b"pool", b""));
+        assert!(index.covers(RightKind::Scope, b"a*b", b"x"), "a star inside an exact queue");
+        assert!(!GrantIndex::new(Vec::new()).covers(RightKind::Scope, b"q", b"d"));
     }
 
     #[test]

@@ -150,6 +150,61 @@ fn grants_and_revokes_are_transactional_and_reach_open_sessions() {
 }
 
 #[test]
+fn a_revoke_committed_while_a_statement_or_snapshot_runs_is_not_read_back() {
+    let db = "rights_snapshot";
+    let mut admin = setup(db, &["rg_gina"], true);
+    admin.batch_execute("SELECT grant_scope('rg_gina', 'rc')").unwrap();
+    let mut gina = as_role(db, "rg_gina");
+    assert_eq!(value(&mut gina, "SELECT next_scoped_id('rc', 'd0')"), Ok(1));
+    // One statement spanning the revoke's commit: its later rows lock new
+    // scopes, which takes in the invalidation while its snapshot still
+    // shows the grant.
+    let revoker = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        admin.batch_execute("SELECT revoke_scope('rg_gina', 'rc')").unwrap();
+        admin
+    });
+    let _ = gina.query(
+        "SELECT i, CASE WHEN pg_sleep(CASE WHEN i = 1 THEN 2 ELSE 0 END) IS NOT NULL THEN next_scoped_id('rc', 'd' || i) END FROM generate_series(1, 3) i",
+        &[],
+    );
+    let mut admin = revoker.join().unwrap();
+    refused(&mut gina, "SELECT next_scoped_id('rc', 'd1')", r#"role "rg_gina""#);
+    refused(&mut gina, "SELECT next_scoped_id('rc', 'd0')", r#"role "rg_gina""#);
+
+    // A REPEATABLE READ transaction whose snapshot predates the revoke.
+    admin.batch_execute("SELECT grant_scope('rg_gina', 'rr'); CREATE TABLE untouched (x int); GRANT SELECT ON untouched TO rg_gina").unwrap();
+    gina.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ").unwrap();
+    assert_eq!(value(&mut gina, "SELECT next_scoped_id('rr', 'a')"), Ok(1));
+    admin.batch_execute("SELECT revoke_scope('rg_gina', 'rr')").unwrap();
+    gina.batch_execute("SELECT count(*) FROM untouched").unwrap(); // a new lock: the invalidation is in
+    let _ = value(&mut gina, "SELECT next_scoped_id('rr', 'b')");
+    gina.batch_execute("ROLLBACK").unwrap();
+    refused(&mut gina, "SELECT next_scoped_id('rr', 'a')", r#"role "rg_gina""#);
+    assert!(!gina.query_one("SELECT may_allocate('scope', 'rr', 'a')", &[]).unwrap().get::<_, bool>(0));
+}
+
+#[test]
+fn a_grants_table_without_its_trigger_is_refused() {
+    let db = "rights_trigger";
+    let mut admin = setup(db, &["rg_hal"], true);
+    admin.batch_execute("SELECT grant_scope('rg_hal', 'q'); DROP TRIGGER changed ON pgticket.rights").unwrap();
+    let mut hal = as_role(db, "rg_hal");
+    match value(&mut hal, "SELECT next_scoped_id('q', 'd')") {
+        Err((state, message)) => assert!(state == "55000" && message.contains("\"changed\""), "{state}: {message}"),
+        Ok(v) => panic!("allocated {v} while revokes could not reach the session"),
+    }
+    admin
+        .batch_execute(
+            "CREATE TRIGGER changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgticket.rights
+                 FOR EACH STATEMENT EXECUTE FUNCTION pgticket.rights_changed();
+             ALTER TABLE pgticket.rights ENABLE ALWAYS TRIGGER changed;",
+        )
+        .unwrap();
+    assert_eq!(value(&mut hal, "SELECT next_scoped_id('q', 'd')"), Ok(1));
+}
+
+#[test]
 fn grants_survive_a_dump_and_restore() {
     let db = "rights_dump";
     let mut admin = setup(db, &["rg_dave"], true);
@@ -258,6 +313,17 @@ fn membership_set_role_and_bad_input() {
     plain.batch_execute("RESET ROLE").unwrap();
     refused(&mut plain, take, r#"role "rg_plain""#);
     plain.batch_execute("ROLLBACK").unwrap();
+    // A membership or attribute changed since reaches an open session.
+    admin.batch_execute("REVOKE rg_group FROM rg_heir").unwrap();
+    refused(&mut heir, take, r#"role "rg_heir""#);
+    admin.batch_execute("GRANT rg_group TO rg_heir").unwrap();
+    assert_eq!(value(&mut heir, take), Ok(2));
+    admin.batch_execute("ALTER ROLE rg_heir NOINHERIT").unwrap();
+    refused(&mut heir, take, r#"role "rg_heir""#);
+    admin.batch_execute("ALTER ROLE rg_plain SUPERUSER").unwrap();
+    assert_eq!(value(&mut plain, "SELECT next_scoped_id('anything', 'x')"), Ok(1));
+    admin.batch_execute("ALTER ROLE rg_plain NOSUPERUSER").unwrap();
+    refused(&mut plain, "SELECT next_scoped_id('anything', 'x')", r#"role "rg_plain""#);
 
     for (sql, state) in [
         ("SELECT grant_scope(NULL, 'q')", "22004"),

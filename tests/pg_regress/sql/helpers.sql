@@ -37,7 +37,7 @@ INSERT INTO invoice_y (shop, fiscal_year) VALUES (17, NULL);
 \echo :LAST_ERROR_SQLSTATE
 
 -- A misdefined trigger fails at the first row.
-CREATE TABLE bad_h (shop text, no text);
+CREATE TABLE bad_h (shop text, no date);
 CREATE TRIGGER misnamed BEFORE INSERT ON bad_h FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('number', 'shop', 'd');
 INSERT INTO bad_h (shop) VALUES ('x');
 \echo :LAST_ERROR_SQLSTATE
@@ -57,7 +57,7 @@ DROP TRIGGER too_late ON invoice_h;
 SELECT count(*) AS nothing_taken FROM pgticket.marks WHERE queue IN ('x', 'shop-9');
 
 -- number_rows(): the trigger made with its arguments checked at once.
-CREATE TABLE invoice_n (shop text, fiscal_year int, no numeric(6), note text);
+CREATE TABLE invoice_n (shop text, fiscal_year int, no numeric(6), note date);
 SELECT number_rows('invoice_n', 'no', 'shop', domain => 'invoice-n');
 INSERT INTO invoice_n (shop) VALUES ('shop-1'), ('shop-1'), ('shop-2') RETURNING shop, no;
 SELECT tgname, pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = 'invoice_n'::regclass;
@@ -68,7 +68,7 @@ SELECT number_rows('invoice_n', 'no', 'branch', domain => 'd');            -- no
 \echo :LAST_ERROR_SQLSTATE
 SELECT number_rows('invoice_n', 'no', 'shop', domain_column => 'year');    -- no such domain column
 \echo :LAST_ERROR_SQLSTATE
-SELECT number_rows('invoice_n', 'note', 'shop', domain => 'd');            -- an id column of text
+SELECT number_rows('invoice_n', 'note', 'shop', domain => 'd');            -- an id column of dates
 \echo :LAST_ERROR_SQLSTATE
 SELECT number_rows('invoice_n', 'no', 'shop');                             -- no domain
 \echo :LAST_ERROR_SQLSTATE
@@ -251,3 +251,40 @@ INSERT INTO round_h (k) VALUES ('r');
 SELECT advance_scoped_id('r', 'round', 9);
 INSERT INTO round_h (k) VALUES ('r');
 SELECT no FROM round_h;
+-- 0.3.0: string resource IDs (SPEC §15): a text or varchar id column gets
+-- the canonical decimal string, and pgticket.resource_id accepts nothing
+-- else. The seed's schema, numbered per queue:
+CREATE TABLE request (queue text, id pgticket.resource_id, PRIMARY KEY (queue, id));
+SELECT number_rows('request', 'id', 'queue', domain => 'requests');
+INSERT INTO request (queue) VALUES ('demo-queue'), ('demo-queue'), ('other')
+    RETURNING queue, id, '/queues/' || queue || '/requests/' || id AS url;
+COPY request (queue) FROM stdin;
+demo-queue
+other
+\.
+SELECT queue, id FROM request ORDER BY queue, id::bigint;
+INSERT INTO request (queue, id) VALUES ('demo-queue', 'demo-queue/4');   -- a URL is not an ID
+\echo :LAST_ERROR_SQLSTATE
+-- varchar(n): a value that does not fit is refused, as an INSERT of it would be.
+CREATE TABLE short_h (k text, id varchar(1));
+SELECT number_rows('short_h', 'id', 'k', domain => 'short');
+SELECT advance_scoped_id('s', 'short', 8);
+INSERT INTO short_h (k) VALUES ('s') RETURNING id;
+INSERT INTO short_h (k) VALUES ('s') RETURNING id;
+\echo :LAST_ERROR_SQLSTATE
+SELECT current_scoped_id('s', 'short') AS mark_kept;
+-- The domain's bounds and refusals.
+SELECT '1'::pgticket.resource_id AS lowest, '9223372036854775807'::pgticket.resource_id AS highest;
+DO $$
+DECLARE v text;
+BEGIN
+    FOREACH v IN ARRAY ARRAY['0', '-1', '+1', '042', ' 42', '42 ', E'42\n', '4.2', '1e3', 'demo-queue/42',
+                             '9223372036854775808', '10000000000000000000', '', '٤٢'] LOOP
+        BEGIN
+            PERFORM v::pgticket.resource_id;
+            RAISE NOTICE '% accepted', quote_literal(v);
+        EXCEPTION WHEN check_violation THEN
+            RAISE NOTICE '% refused (%)', quote_literal(v), SQLSTATE;
+        END;
+    END LOOP;
+END $$;
