@@ -35,7 +35,7 @@ for page in "${pages[@]}"; do
         : >"$work/expected/docs_$name.out" # a new page: DOCS_UPDATE=1 writes it
     fi
 done
-printf "shared_preload_libraries = 'pg_ticket'\npg_ticket.machine_id = 7\n" >"$work/preload.conf"
+printf "shared_preload_libraries = 'pg_ticket'\npg_ticket.machine_id = 7\npg_ticket.shards = '0-63'\n" >"$work/preload.conf"
 if [ "$(id -u)" = 0 ]; then chown -R postgres: "$work"; fi
 as_owner() { if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi; }
 status=0

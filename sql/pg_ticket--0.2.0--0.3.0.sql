@@ -456,3 +456,58 @@ CREATE DOMAIN pgticket.resource_id AS text COLLATE "C"
         AND (pg_catalog.length(VALUE) < 19 OR VALUE <= '9223372036854775807'));
 COMMENT ON DOMAIN pgticket.resource_id IS
     'A resource ID: the canonical decimal string of 1 .. 2^63-1 (no sign, no leading zero, no scope prefix)';
+
+-- 0.3.0: sharded IDs (SPEC §15): ms << 22 | shard << 10 | sequence for the
+-- shards this server owns (pg_ticket.shards), on the snowflake generator's
+-- clock and durable mark; a shard moves with sharded_release() on its old
+-- owner and sharded_accept() on its new one (administrators only).
+CREATE FUNCTION "sharded_id"(
+	"shard" INT
+) RETURNS bigint
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'sharded_id_wrapper';
+CREATE FUNCTION "sharded_release"(
+	"shard" INT
+) RETURNS bigint
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'sharded_release_wrapper';
+CREATE FUNCTION "sharded_accept"(
+	"shard" INT,
+	"handover_id" bigint
+) RETURNS bigint
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'sharded_accept_wrapper';
+CREATE FUNCTION "sharded_decode"(
+	"id" bigint
+) RETURNS TABLE (
+	"created_at" timestamp with time zone,
+	"shard" INT,
+	"sequence" INT
+)
+STABLE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'sharded_decode_wrapper';
+CREATE FUNCTION "sharded_min_id"(
+	"at" timestamp with time zone
+) RETURNS bigint
+STABLE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'sharded_min_id_wrapper';
+CREATE FUNCTION "sharded_max_id"(
+	"at" timestamp with time zone
+) RETURNS bigint
+STABLE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'sharded_max_id_wrapper';
+CREATE FUNCTION "shard_of"(
+	"key" text,
+	"shard_count" INT
+) RETURNS INT
+IMMUTABLE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'shard_of_wrapper';
+REVOKE EXECUTE ON FUNCTION sharded_release(integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION sharded_accept(integer, bigint) FROM PUBLIC;

@@ -150,7 +150,7 @@ fn snowflake_decode(
 }
 
 /// The millisecond of `at` in Unix ms (rounded down); infinity is refused.
-fn unix_ms_of(at: Option<TimestampWithTimeZone>) -> i64 {
+pub(crate) fn unix_ms_of(at: Option<TimestampWithTimeZone>) -> i64 {
     let at = required("at", at);
     if !at.is_finite() {
         TicketError::InfiniteTime.raise();

@@ -6,6 +6,7 @@ use pgrx::pg_sys::panic::CaughtError;
 use ticket_core::counter::CounterError;
 use ticket_core::leases::LeaseError;
 use ticket_core::local_marks::LimitReached;
+use ticket_core::sharded::ShardError;
 use ticket_core::snowflake::SnowflakeError;
 use ticket_core::tickets::TicketsError;
 
@@ -52,11 +53,27 @@ pub enum TicketError {
     ValueDoesNotFit { value: i64, column: String, table: String, type_name: &'static str },
     #[error("{0}")]
     InvalidArgument(String),
+    #[error(transparent)]
+    Sharded(ticket_core::sharded::ShardError),
+    #[error("shard {0} is not one of this server's (pg_ticket.shards)")]
+    ShardNotOwned(u16),
+    #[error("shard {0} is still in pg_ticket.shards here: remove it and reload before releasing it")]
+    ShardStillOwned(u16),
     #[error("permission denied for {scope}: no grant covers it for role {role}")]
     NoScopeRight { scope: String, role: String },
     /// A state table that cannot be used as it is (unlogged, moved).
     #[error("{0}")]
     StateTableUnfit(String),
+}
+
+/// A shard's clock or mark trouble is the snowflake generator's.
+impl From<ShardError> for TicketError {
+    fn from(e: ShardError) -> Self {
+        match e {
+            ShardError::Snowflake(e) => TicketError::Snowflake(e),
+            other => TicketError::Sharded(other),
+        }
+    }
 }
 
 impl TicketError {
@@ -67,6 +84,12 @@ impl TicketError {
             TicketError::Counter(CounterError::Overflow { .. }) => ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED,
             TicketError::Counter(_) | TicketError::InfiniteTime | TicketError::InvalidArgument(_) => ERRCODE_INVALID_PARAMETER_VALUE,
             TicketError::NoScopeRight { .. } => ERRCODE_INSUFFICIENT_PRIVILEGE,
+            TicketError::Sharded(
+                ShardError::OutOfRange(_) | ShardError::NegativeId(_) | ShardError::BadList(_),
+            ) => ERRCODE_INVALID_PARAMETER_VALUE,
+            TicketError::Sharded(_) | TicketError::ShardNotOwned(_) | TicketError::ShardStillOwned(_) => {
+                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
+            }
             TicketError::Snowflake(
                 SnowflakeError::NegativeId(_) | SnowflakeError::MachineOutOfRange(_) | SnowflakeError::TimeOutOfRange { .. },
             ) => {
@@ -133,6 +156,9 @@ impl TicketError {
             TicketError::Lease(LeaseError::NoneFree { .. }) => {
                 Some("Release ids no longer used, let dead holders' leases expire, or widen pg_ticket.lease_ids.")
             }
+            TicketError::ShardNotOwned(_) => Some(
+                "Add it to pg_ticket.shards and reload; a shard another server owned is taken over with sharded_release() there and sharded_accept() here.",
+            ),
             TicketError::NoScopeRight { .. } => Some(
                 "pg_ticket.scope_rights is on: an administrator grants a scope with grant_scope(role, queue, domain) and a block name with grant_block(role, name); pgticket.scope_grants lists the grants.",
             ),

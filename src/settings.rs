@@ -18,6 +18,7 @@ use pgrx::prelude::*;
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use ticket_core::epoch::parse_epoch_ms;
+use ticket_core::sharded::parse_shard_list;
 use ticket_core::leases::parse_id_list;
 use ticket_core::snowflake::check_machine_id;
 use ticket_core::tickets::Series;
@@ -30,6 +31,7 @@ static DURABLE_COMMIT: GucSetting<bool> = GucSetting::<bool>::new(true);
 static MAX_TRANSACTION_ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(100_000);
 static MAX_BLOCK_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1_000_000_000);
 static SCOPE_RIGHTS: GucSetting<bool> = GucSetting::<bool>::new(false);
+static SHARDS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 static MAX_SCOPES_PER_ROLE: GucSetting<i32> = GucSetting::<i32>::new(1_000_000);
 static MAX_TICKET_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(4);
 static TICKET_CACHE_SCOPES: GucSetting<i32> = GucSetting::<i32>::new(1024);
@@ -197,6 +199,9 @@ pub fn init() -> Option<Preloaded> {
         pgrx::error!("pg_ticket.ticket_offset / pg_ticket.ticket_increment: {e}");
     }
     let ticket_cache_scopes = raw_int(c"pg_ticket.ticket_cache_scopes", 1024, 16, 1_000_000);
+    if let Some(Err(e)) = raw_setting(c"pg_ticket.shards").as_deref().map(parse_shard_list) {
+        pgrx::error!("{e}");
+    }
     let epoch_ms = match raw_setting(c"pg_ticket.epoch") {
         None => DEFAULT_EPOCH_UNIX_MS,
         // During preload an ERROR stops the server with this message, which
@@ -284,6 +289,19 @@ pub fn init() -> Option<Preloaded> {
             GucFlags::SUPERUSER_ONLY,
             Some(check_registry),
             None,
+            None,
+        );
+    }
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"pg_ticket.shards",
+            c"The logical shards this server owns for sharded_id(), e.g. '0-63, 128' (empty: none).",
+            c"A shard moves to another server with sharded_release() here and sharded_accept() there.",
+            &SHARDS,
+            GucContext::Sighup,
+            GucFlags::default(),
+            Some(check_shards),
+            Some(assign_shards),
             None,
         );
     }
@@ -390,6 +408,34 @@ unsafe fn check_string(newval: *mut *mut c_char, null_ok: bool, parse: impl Fn(&
             false
         }
     }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn check_shards(newval: *mut *mut c_char, _extra: *mut *mut c_void, _source: pg_sys::GucSource::Type) -> bool {
+    unsafe { check_string(newval, true, |text| parse_shard_list(text).map(|_| ()).map_err(|e| e.to_string())) }
+}
+
+thread_local! {
+    /// The shards of `pg_ticket.shards` as this backend has it, one bit
+    /// each: set by the assign hook, so a call reads a bit, not the text.
+    static OWNED_SHARDS: std::cell::RefCell<[u64; 64]> = const { std::cell::RefCell::new([0; 64]) };
+}
+
+/// Runs at every set of the value (start, reload, SET is not allowed):
+/// already checked, so it parses.
+#[pg_guard]
+unsafe extern "C-unwind" fn assign_shards(newval: *const c_char, _extra: *mut c_void) {
+    let text = if newval.is_null() { String::new() } else { unsafe { CStr::from_ptr(newval) }.to_string_lossy().into_owned() };
+    let mut bits = [0u64; 64];
+    for shard in parse_shard_list(&text).unwrap_or_default() {
+        bits[usize::from(shard / 64)] |= 1 << (shard % 64);
+    }
+    OWNED_SHARDS.with(|owned| *owned.borrow_mut() = bits);
+}
+
+/// Does this server own `shard` (`pg_ticket.shards`, as reloaded)?
+pub fn owns_shard(shard: u16) -> bool {
+    OWNED_SHARDS.with(|owned| owned.borrow()[usize::from(shard / 64)] & (1 << (shard % 64)) != 0)
 }
 
 /// A bad epoch is refused when set, not at the next restart.

@@ -8,6 +8,8 @@
 //! - `lease`: the machine id leased by this server's own worker
 //!   (`pg_ticket.machine_id = -1`).
 //! - `space`: the ID space (epoch, layout) recorded with a database.
+//! - `shards`: `sharded_id()`, per-shard states on this generator's clock
+//!   and mark.
 //!
 //! Shared memory: one `SharedState` of atomics, no LWLock. Every wait (a
 //! full millisecond, a clock step back of up to 10 ms, another backend's
@@ -23,6 +25,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use ticket_core::snowflake::{self as layout, Clock, SharedState};
 
 mod lease;
+mod shards;
 mod space;
 mod wal;
 pub use lease::{register_worker as register_lease_worker, snapshot as lease_snapshot};
@@ -46,6 +49,7 @@ static GENERATOR: PgAtomic<Shared> = unsafe { PgAtomic::new(c"pg_ticket_snowflak
 pub fn init_shared_memory() {
     pg_shmem_init!(GENERATOR);
     lease::init_shared_memory();
+    shards::init_shared_memory();
 }
 
 /// The ID space this server stamps into.

@@ -36,6 +36,10 @@ pub use pool::{BlockPool, PoolConfig, PoolStats};
 pub use registry::Grant;
 /// Reading IDs back: the layout is the server's `snowflake_id()`'s.
 pub use ticket_core::snowflake::{decompose, IdSpace, Parts, SnowflakeError};
+/// The shard of a key as `shard_of(key, shard_count)` computes it in SQL
+/// (FNV-1a 64 of the key's bytes, modulo the count), and the parts of a
+/// sharded ID: an application finds a row's shard without asking.
+pub use ticket_core::sharded::{decompose as decompose_sharded, shard_of, ShardedParts};
 
 /// Everything the client refuses with. No variant ever comes with an ID.
 #[derive(Debug, thiserror::Error)]

@@ -59,26 +59,29 @@ pub fn check_ttl(ttl_ms: i64) -> Result<i64, LeaseError> {
 /// The ids a registry may lease (`pg_ticket.lease_ids`), e.g. "0-99, 200":
 /// sorted, without duplicates, within 0..=1023.
 pub fn parse_id_list(text: &str) -> Result<Vec<u16>, LeaseError> {
-    let bad = || LeaseError::BadIdList(text.to_string());
+    parse_ranges(text, crate::snowflake::MAX_MACHINE_ID).filter(|ids| !ids.is_empty()).ok_or_else(|| LeaseError::BadIdList(text.to_string()))
+}
+
+/// A list of numbers and ranges within `0..=max` ("0-99, 200"), sorted
+/// and without duplicates (empty for an empty text); None if it does not
+/// parse.
+pub fn parse_ranges(text: &str, max: u16) -> Option<Vec<u16>> {
     let mut ids = Vec::new();
     for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (from, to) = match part.split_once('-') {
             Some((a, b)) => (a.trim(), b.trim()),
             None => (part, part),
         };
-        let from: u16 = from.parse().map_err(|_| bad())?;
-        let to: u16 = to.parse().map_err(|_| bad())?;
-        if from > to || to > crate::snowflake::MAX_MACHINE_ID {
-            return Err(bad());
+        let from: u16 = from.parse().ok()?;
+        let to: u16 = to.parse().ok()?;
+        if from > to || to > max {
+            return None;
         }
         ids.extend(from..=to);
     }
-    if ids.is_empty() {
-        return Err(bad());
-    }
     ids.sort_unstable();
     ids.dedup();
-    Ok(ids)
+    Some(ids)
 }
 
 /// A granted lease: what the registry answers, and what a holder keeps

@@ -7,5 +7,6 @@ pub mod epoch;
 pub mod leases;
 pub mod local_marks;
 pub mod rights;
+pub mod sharded;
 pub mod snowflake;
 pub mod tickets;

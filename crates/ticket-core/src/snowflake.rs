@@ -169,12 +169,19 @@ pub enum Step {
 /// timestamp by up to `max_wait_ms` is waited out, by more refused.
 #[inline]
 pub fn step(last_state: u64, now_ms: u64, max_wait_ms: u64) -> Step {
-    let last_ms = last_state >> SEQUENCE_BITS;
-    let last_seq = last_state & u64::from(MAX_SEQUENCE);
+    step_in(last_state, now_ms, max_wait_ms, SEQUENCE_BITS)
+}
+
+/// [`step`] for a layout whose state is `(ms << sequence_bits) | sequence`.
+#[inline]
+pub fn step_in(last_state: u64, now_ms: u64, max_wait_ms: u64, sequence_bits: u32) -> Step {
+    let max_sequence = (1u64 << sequence_bits) - 1;
+    let last_ms = last_state >> sequence_bits;
+    let last_seq = last_state & max_sequence;
     if now_ms > last_ms {
-        Step::Issue(now_ms << SEQUENCE_BITS)
+        Step::Issue(now_ms << sequence_bits)
     } else if now_ms == last_ms {
-        if last_seq < u64::from(MAX_SEQUENCE) {
+        if last_seq < max_sequence {
             Step::Issue(last_state + 1)
         } else {
             Step::WaitUntil(last_ms + 1)
@@ -404,6 +411,30 @@ fn renew_early(shared: &SharedState, store: &impl MarkStore, epoch_unix_ms: i64,
     }
 }
 
+/// For another layout stamped on this generator's clock and durable mark
+/// (sharded IDs): the mark loaded, after a start, and the millisecond it
+/// puts every ID above (None: there was no mark).
+pub fn load_mark(shared: &SharedState, clock: &impl Clock, store: &impl MarkStore, epoch_unix_ms: i64) -> Result<Option<u64>, SnowflakeError> {
+    ensure_loaded(shared, clock, store, epoch_unix_ms)?;
+    let floor = shared.floor.load(Ordering::Acquire);
+    Ok((floor != u64::MAX).then_some(floor >> SEQUENCE_BITS))
+}
+
+/// For another layout: make the durable mark cover `millis` before an ID
+/// of it is issued (waiting for a write under way only when it must), and
+/// renew it early as the generator does.
+pub fn cover(shared: &SharedState, clock: &impl Clock, store: &impl MarkStore, epoch_unix_ms: i64, millis: u64) -> Result<(), SnowflakeError> {
+    let reserved_until = shared.reserved_until.load(Ordering::Acquire);
+    if millis > reserved_until {
+        reserve(shared, clock, store, epoch_unix_ms, millis)
+    } else {
+        if millis + RENEW_WITHIN_MS > reserved_until {
+            renew_early(shared, store, epoch_unix_ms, millis);
+        }
+        Ok(())
+    }
+}
+
 /// Issue the next ID from the shared state. `stamp_cap_unix_ms` is the last
 /// millisecond this caller may stamp (a leased machine id's end plus half
 /// the margin; `i64::MAX` for a fixed one): a later timestamp is refused
@@ -549,23 +580,23 @@ impl MarkStore for FileMarkStore<'_> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::cell::Cell;
 
-    const EPOCH: i64 = 1_767_225_600_000; // 2026-01-01 UTC
+    pub(crate) const EPOCH: i64 = 1_767_225_600_000; // 2026-01-01 UTC
 
     /// A clock that only moves when told to, and counts the pauses asked of it.
-    struct FakeClock {
-        now: Cell<i64>,
-        paused_ms: Cell<u64>,
+    pub(crate) struct FakeClock {
+        pub(crate) now: Cell<i64>,
+        pub(crate) paused_ms: Cell<u64>,
     }
 
     impl FakeClock {
-        fn at(since_epoch_ms: i64) -> Self {
+        pub(crate) fn at(since_epoch_ms: i64) -> Self {
             FakeClock { now: Cell::new(EPOCH + since_epoch_ms), paused_ms: Cell::new(0) }
         }
-        fn set(&self, since_epoch_ms: i64) {
+        pub(crate) fn set(&self, since_epoch_ms: i64) {
             self.now.set(EPOCH + since_epoch_ms);
         }
     }
@@ -582,10 +613,10 @@ mod tests {
 
     /// A durable mark kept in memory, counting its writes.
     #[derive(Default)]
-    struct MemStore {
-        mark: Cell<Option<i64>>,
-        saves: Cell<u32>,
-        fail: Cell<bool>,
+    pub(crate) struct MemStore {
+        pub(crate) mark: Cell<Option<i64>>,
+        pub(crate) saves: Cell<u32>,
+        pub(crate) fail: Cell<bool>,
     }
 
     impl MarkStore for MemStore {

@@ -1,0 +1,162 @@
+//! Sharded IDs (`sharded_id(shard)`, SPEC §15): `ms << 22 | shard << 10 |
+//! sequence` for the logical shards this server owns (`pg_ticket.shards`).
+//! The layout, the per-shard clock rule and the handover are
+//! `ticket_core::sharded`; here are the shared memory and the SQL.
+//!
+//! Shared memory: one `ShardState` (an atomic) per shard, each on its own
+//! cache line, so shards issued in parallel never contend; no lock. They
+//! are stamped on the snowflake generator's clock and durable mark (the
+//! mark file and its WAL record), so a restart, a crash or a promoted
+//! standby starts every shard above what was issued, as for snowflakes.
+//! Every wait goes through the snowflake clock (interruptible).
+
+use pgrx::prelude::*;
+use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
+use ticket_core::sharded::{self as layout, ShardState, MAX_SHARD};
+
+use super::{wal, SystemClock, GENERATOR};
+use crate::api::required;
+use crate::errors::{postgres_errors_as_raised, OrRaise, TicketError};
+use crate::names::Name;
+use crate::settings;
+
+#[derive(Default)]
+#[repr(C, align(64))]
+struct PaddedShard(ShardState);
+
+pub struct Shards([PaddedShard; MAX_SHARD as usize + 1]);
+
+impl Default for Shards {
+    fn default() -> Self {
+        Shards(std::array::from_fn(|_| PaddedShard::default()))
+    }
+}
+
+// Atomics only: valid in shared memory across processes.
+unsafe impl PGRXSharedMemory for Shards {}
+
+static SHARDS: PgAtomic<Shards> = unsafe { PgAtomic::new(c"pg_ticket_shards") };
+
+pub fn init_shared_memory() {
+    pg_shmem_init!(SHARDS);
+}
+
+/// The shard argument, owned by this server (55000 naming the setting).
+fn owned_shard(shard: Option<i32>, function: &'static str) -> u16 {
+    if !settings::preloaded() {
+        TicketError::NotPreloaded(function).raise();
+    }
+    let shard = layout::check_shard(i64::from(required("shard", shard))).or_raise();
+    if !settings::owns_shard(shard) {
+        TicketError::ShardNotOwned(shard).raise();
+    }
+    shard
+}
+
+fn state(shard: u16) -> &'static ShardState {
+    &SHARDS.get().0[usize::from(shard)].0
+}
+
+/// The next ID of `shard`, which this server owns.
+#[pg_extern(volatile, parallel_unsafe)]
+fn sharded_id(shard: Option<i32>) -> i64 {
+    postgres_errors_as_raised(|| {
+        let shard = owned_shard(shard, "sharded_id");
+        crate::xact::check_writable().or_raise();
+        super::space::check_database().or_raise();
+        layout::next_id(&GENERATOR.get().0, state(shard), &SystemClock, &wal::WalMarkStore, settings::epoch_unix_ms(), shard).or_raise()
+    })
+}
+
+/// Admin, on the shard's old owner, after removing it from
+/// `pg_ticket.shards` and reloading: close the shard here and return the
+/// handover point for `sharded_accept()` on its new owner.
+#[pg_extern(volatile, parallel_unsafe)]
+fn sharded_release(shard: Option<i32>) -> i64 {
+    postgres_errors_as_raised(|| {
+        if !settings::preloaded() {
+            TicketError::NotPreloaded("sharded_release").raise();
+        }
+        let shard = layout::check_shard(i64::from(required("shard", shard))).or_raise();
+        if settings::owns_shard(shard) {
+            TicketError::ShardStillOwned(shard).raise();
+        }
+        crate::xact::check_writable().or_raise();
+        layout::release(&GENERATOR.get().0, state(shard), &SystemClock, &wal::WalMarkStore, settings::epoch_unix_ms(), shard).or_raise()
+    })
+}
+
+/// Admin, on the shard's new owner, after adding it to `pg_ticket.shards`
+/// and reloading: never issue at or below `handover_id` (the old owner's
+/// `sharded_release()`) for it, here or after a restart or failover.
+/// Waits until this server's clock has passed it (at most 11 s). Returns
+/// the shard's first ID here.
+#[pg_extern(volatile, parallel_unsafe)]
+fn sharded_accept(shard: Option<i32>, handover_id: Option<i64>) -> i64 {
+    postgres_errors_as_raised(|| {
+        let shard = owned_shard(shard, "sharded_accept");
+        let handover_id = required("handover_id", handover_id);
+        let point = layout::decompose(handover_id).or_raise();
+        if point.shard != shard {
+            TicketError::InvalidArgument(format!("{handover_id} is an ID of shard {}, not of shard {shard}", point.shard)).raise();
+        }
+        crate::xact::check_writable().or_raise();
+        let (generator, epoch) = (&GENERATOR.get().0, settings::epoch_unix_ms());
+        layout::accept(generator, state(shard), &SystemClock, &wal::WalMarkStore, epoch, shard, handover_id).or_raise();
+        layout::next_id(generator, state(shard), &SystemClock, &wal::WalMarkStore, epoch, shard).or_raise()
+    })
+}
+
+/// The parts of a sharded ID, read with this server's epoch.
+#[pg_extern(stable, parallel_safe)]
+fn sharded_decode(
+    id: Option<i64>,
+) -> TableIterator<'static, (name!(created_at, TimestampWithTimeZone), name!(shard, i32), name!(sequence, i32))> {
+    postgres_errors_as_raised(|| {
+        let epoch = super::epoch_for("sharded_decode");
+        let parts = layout::decompose(required("id", id)).or_raise();
+        TableIterator::once((super::timestamptz_or_error(epoch + parts.millis as i64), i32::from(parts.shard), i32::from(parts.sequence)))
+    })
+}
+
+/// The lowest sharded ID any shard can have in the millisecond of `at`.
+#[pg_extern(stable, parallel_safe)]
+fn sharded_min_id(at: Option<TimestampWithTimeZone>) -> i64 {
+    postgres_errors_as_raised(|| {
+        let epoch = super::epoch_for("sharded_min_id");
+        layout::id_range_of_millisecond(crate::api::unix_ms_of(at), epoch).or_raise().0
+    })
+}
+
+/// The highest sharded ID any shard can have in the millisecond of `at`.
+#[pg_extern(stable, parallel_safe)]
+fn sharded_max_id(at: Option<TimestampWithTimeZone>) -> i64 {
+    postgres_errors_as_raised(|| {
+        let epoch = super::epoch_for("sharded_max_id");
+        layout::id_range_of_millisecond(crate::api::unix_ms_of(at), epoch).or_raise().1
+    })
+}
+
+/// The shard of `key` among `shard_count` (1 .. 4096): FNV-1a (64 bits) of
+/// the key's bytes in the database's encoding, modulo the count — stable,
+/// and computed the same by `ticket_client::shard_of`.
+#[pg_extern(immutable, parallel_safe)]
+fn shard_of(key: Option<Name<'_>>, shard_count: Option<i32>) -> i32 {
+    postgres_errors_as_raised(|| {
+        let key = required("key", key);
+        let count = required("shard_count", shard_count);
+        let count = u16::try_from(count).ok().filter(|c| (1..=MAX_SHARD + 1).contains(c)).unwrap_or_else(|| {
+            TicketError::InvalidArgument(format!("shard_count is 1..{}, not {count}", MAX_SHARD + 1)).raise()
+        });
+        i32::from(layout::shard_of(key.bytes(), count))
+    })
+}
+
+extension_sql!(
+    r#"
+REVOKE EXECUTE ON FUNCTION sharded_release(integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION sharded_accept(integer, bigint) FROM PUBLIC;
+"#,
+    name = "shard_privileges",
+    requires = [sharded_release, sharded_accept]
+);
