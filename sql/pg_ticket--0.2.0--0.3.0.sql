@@ -359,7 +359,10 @@ CREATE FUNCTION pgticket.rights_changed() RETURNS trigger
 CREATE TRIGGER changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgticket.rights
     FOR EACH STATEMENT EXECUTE FUNCTION pgticket.rights_changed();
 ALTER TABLE pgticket.rights ENABLE ALWAYS TRIGGER changed;
-SELECT pg_catalog.pg_extension_config_dump('pgticket.rights', '');
+-- A dropped role's grants stay (they show its OID) but are not dumped: in
+-- another cluster that OID may be another role's.
+SELECT pg_catalog.pg_extension_config_dump('pgticket.rights',
+    'WHERE EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.oid OPERATOR(pg_catalog.=) role::pg_catalog.oid)');
 REVOKE ALL ON pgticket.rights FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgticket.rights_changed() FROM PUBLIC;
 CREATE VIEW pgticket.scope_grants AS
@@ -390,10 +393,13 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- A name is at most 255 bytes; a pattern adds its star.
-    IF octet_length(queue) - (right(queue, 1) = '*')::integer > 255 OR octet_length(domain) - (right(domain, 1) = '*')::integer > 255 THEN
-        RAISE EXCEPTION '% is longer than 255 bytes', CASE WHEN octet_length(queue) > 255 THEN what ELSE 'domain' END
-            USING ERRCODE = 'invalid_parameter_value';
+    IF octet_length(queue) - (right(queue, 1) = '*')::integer > 255 THEN
+        RAISE EXCEPTION '% is longer than 255 bytes', what USING ERRCODE = 'invalid_parameter_value';
+    ELSIF octet_length(domain) - (right(domain, 1) = '*')::integer > 255 THEN
+        RAISE EXCEPTION 'domain is longer than 255 bytes' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Rows of roles dropped since go (a new role could get their OID).
+    DELETE FROM pgticket.rights r WHERE NOT EXISTS (SELECT FROM pg_roles x WHERE x.oid = r.role::oid);
     IF grant_it THEN
         INSERT INTO pgticket.rights AS r (role, kind, queue, domain) VALUES (role, kind, queue, domain) ON CONFLICT DO NOTHING;
     ELSE

@@ -39,8 +39,9 @@ use ticket_core::rights::{GrantIndex, RightKind, ScopeGrant};
 /// through many roles, must not grow the backend without bound: the memo
 /// is Rust heap, outside PostgreSQL's memory accounting).
 const MAX_DECIDED: usize = 10_000;
-/// Roles whose grants are kept at once.
-const MAX_ROLES: usize = 64;
+/// Roles whose grants are kept at once; one more evicts one of them (a
+/// pooler's `SET ROLE` per tenant must not start every role over).
+const MAX_ROLES: usize = 1_024;
 
 struct RoleRights {
     /// Superuser or an owner of the state tables.
@@ -100,13 +101,19 @@ fn allowed(role: pg_sys::Oid, kind: RightKind, queue: &[u8], domain: &[u8]) -> b
     let role_changes = ROLE_CHANGES.get();
     let known = CACHE.with(|c| {
         let mut c = c.borrow_mut();
-        if c.generation != generation || c.role_changes != role_changes || (c.roles.len() >= MAX_ROLES && !c.roles.contains_key(&role)) {
+        if c.generation != generation || c.role_changes != role_changes {
             c.roles.clear();
             c.decided = 0;
             c.generation = generation;
             c.role_changes = role_changes;
         }
-        c.roles.contains_key(&role)
+        let known = c.roles.contains_key(&role);
+        if !known && c.roles.len() >= MAX_ROLES {
+            let evicted = *c.roles.keys().next().expect("full");
+            let decided = c.roles.remove(&evicted).map_or(0, |r| r.decided.len());
+            c.decided -= decided;
+        }
+        known
     });
     if !known {
         // Read outside the borrow: an invalidation may arrive meanwhile.
@@ -151,17 +158,24 @@ fn read(role: pg_sys::Oid) -> RoleRights {
     let tables = state_tables::lookup();
     let bypass = unsafe { pg_sys::superuser_arg(role) } || tables.is_some_and(|t| t.owners().contains(&role));
     let grants = match tables.and_then(|t| t.rights).filter(|_| !bypass) {
-        Some(table) => read_grants(table.oid, role),
+        Some(table) => {
+            state_tables::check_change_trigger(table, "rights");
+            read_grants(table.oid, role)
+        }
         None => Vec::new(),
     };
     RoleRights { bypass, grants: GrantIndex::new(grants), decided: HashMap::new() }
 }
 
 /// The rows of `pgticket.rights` that `role` inherits, read from the heap
-/// with the latest snapshot — not the statement's or the transaction's,
-/// which may predate a revoke whose invalidation is being answered now (the
-/// grant would be read back and kept) — and with no SPI, so no caller's
-/// setting or the table owner's rules take part.
+/// as committed now (a self snapshot) — not with the statement's or the
+/// transaction's snapshot, which may predate a revoke whose invalidation is
+/// being answered now (the grant would be read back and kept), and not with
+/// an MVCC one, which under SERIALIZABLE would take a predicate lock and
+/// make allocations fail (40001) at a grant's change. A change committed
+/// during the scan may be half seen: its invalidation then drops this read
+/// at the next transaction. No SPI, so no caller's setting or the table
+/// owner's rules take part.
 fn read_grants(table: pg_sys::Oid, role: pg_sys::Oid) -> Vec<ScopeGrant> {
     const ROLE: i32 = 1;
     const KIND: i32 = 2;
@@ -170,8 +184,8 @@ fn read_grants(table: pg_sys::Oid, role: pg_sys::Oid) -> Vec<ScopeGrant> {
     let mut grants = Vec::new();
     unsafe {
         let rel = pg_sys::table_open(table, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        let snapshot = pg_sys::RegisterSnapshot(pg_sys::GetLatestSnapshot());
-        let scan = pg_sys::systable_beginscan(rel, pg_sys::InvalidOid, false, snapshot, 0, std::ptr::null_mut());
+        let mut committed_now = pg_sys::SnapshotData { snapshot_type: pg_sys::SnapshotType::SNAPSHOT_SELF, ..Default::default() };
+        let scan = pg_sys::systable_beginscan(rel, pg_sys::InvalidOid, false, &mut committed_now, 0, std::ptr::null_mut());
         let text = |tuple: *mut pg_sys::HeapTupleData, column: i32| -> Option<Vec<u8>> {
             let mut is_null = false;
             let datum = pg_sys::heap_getattr(tuple, column, (*rel).rd_att, &mut is_null);
@@ -199,7 +213,6 @@ fn read_grants(table: pg_sys::Oid, role: pg_sys::Oid) -> Vec<ScopeGrant> {
             }
         }
         pg_sys::systable_endscan(scan);
-        pg_sys::UnregisterSnapshot(snapshot);
         pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
     }
     grants
@@ -256,7 +269,10 @@ CREATE FUNCTION pgticket.rights_changed() RETURNS trigger
 CREATE TRIGGER changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgticket.rights
     FOR EACH STATEMENT EXECUTE FUNCTION pgticket.rights_changed();
 ALTER TABLE pgticket.rights ENABLE ALWAYS TRIGGER changed;
-SELECT pg_catalog.pg_extension_config_dump('pgticket.rights', '');
+-- A dropped role's grants stay (they show its OID) but are not dumped: in
+-- another cluster that OID may be another role's.
+SELECT pg_catalog.pg_extension_config_dump('pgticket.rights',
+    'WHERE EXISTS (SELECT FROM pg_catalog.pg_roles r WHERE r.oid OPERATOR(pg_catalog.=) role::pg_catalog.oid)');
 REVOKE ALL ON pgticket.rights FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgticket.rights_changed() FROM PUBLIC;
 CREATE VIEW pgticket.scope_grants AS
@@ -287,10 +303,13 @@ BEGIN
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
     -- A name is at most 255 bytes; a pattern adds its star.
-    IF octet_length(queue) - (right(queue, 1) = '*')::integer > 255 OR octet_length(domain) - (right(domain, 1) = '*')::integer > 255 THEN
-        RAISE EXCEPTION '% is longer than 255 bytes', CASE WHEN octet_length(queue) > 255 THEN what ELSE 'domain' END
-            USING ERRCODE = 'invalid_parameter_value';
+    IF octet_length(queue) - (right(queue, 1) = '*')::integer > 255 THEN
+        RAISE EXCEPTION '% is longer than 255 bytes', what USING ERRCODE = 'invalid_parameter_value';
+    ELSIF octet_length(domain) - (right(domain, 1) = '*')::integer > 255 THEN
+        RAISE EXCEPTION 'domain is longer than 255 bytes' USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    -- Rows of roles dropped since go (a new role could get their OID).
+    DELETE FROM pgticket.rights r WHERE NOT EXISTS (SELECT FROM pg_roles x WHERE x.oid = r.role::oid);
     IF grant_it THEN
         INSERT INTO pgticket.rights AS r (role, kind, queue, domain) VALUES (role, kind, queue, domain) ON CONFLICT DO NOTHING;
     ELSE

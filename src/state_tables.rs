@@ -111,8 +111,6 @@ pub fn lookup() -> Option<Tables> {
                     (SELECT pg_catalog.string_agg(t.tgname::pg_catalog.text, ', ') FROM pg_catalog.pg_trigger t \
                       WHERE t.tgrelid OPERATOR(pg_catalog.=) c.oid AND t.tgenabled OPERATOR(pg_catalog.<>) 'A' \
                         AND t.tgname OPERATOR(pg_catalog.=) ANY ('{never_emptied,never_truncated,forward_only,changed}')) \
-                    , EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid OPERATOR(pg_catalog.=) c.oid \
-                        AND t.tgname OPERATOR(pg_catalog.=) 'changed') \
                FROM pg_catalog.pg_extension e \
                JOIN pg_catalog.pg_depend d ON d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass \
                     AND d.refobjid OPERATOR(pg_catalog.=) e.oid AND d.deptype OPERATOR(pg_catalog.=) 'e' \
@@ -131,10 +129,7 @@ pub fn lookup() -> Option<Tables> {
             let schema: String = row.get(6)?.unwrap_or_default();
             let not_always: Option<String> = row.get(7)?;
             refuse_unfit(&name, &persistence, &schema, not_always.as_deref());
-            let has_changed_trigger = row.get::<bool>(8)?.unwrap_or(false);
-            if matches!(name.as_str(), "rights" | "id_space") && !has_changed_trigger {
-                refuse_without_changed_trigger(&name);
-            }
+
             match name.as_str() {
                 "scoped_counters" => {
                     scoped_counters = Some(table);
@@ -191,15 +186,31 @@ fn refuse_unfit(table: &str, persistence: &str, schema: &str, not_always: Option
 }
 
 /// A table whose statement trigger tells every session of its changes
-/// (`changed`) must have it: without it a revoke, or another ID space,
-/// would never reach the sessions that cached the table.
-fn refuse_without_changed_trigger(table: &str) -> ! {
-    crate::errors::TicketError::StateTableUnfit(format!(
-        "pg_ticket: the state table pgticket.{table} has lost its trigger \"changed\" (other sessions would not see its changes); \
-         run CREATE TRIGGER changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgticket.{table} \
-         FOR EACH STATEMENT EXECUTE FUNCTION pgticket.{table}_changed(); ALTER TABLE pgticket.{table} ENABLE ALWAYS TRIGGER changed"
-    ))
-    .raise()
+/// (`changed`: AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE, FOR EACH
+/// STATEMENT, enabled ALWAYS) must have it before its cached copies are
+/// trusted: without it a revoke, or another ID space, would never reach the
+/// sessions that cached the table. Checked by the users of the cache, when
+/// they read the table (once per invalidation), so a table nobody uses
+/// blocks nothing.
+pub fn check_change_trigger(table: Table, name: &str) {
+    // Statement level (no ROW bit), AFTER (no BEFORE bit), the four events.
+    const ALL_EVENTS_AFTER_STATEMENT: i16 = (pg_sys::TRIGGER_TYPE_INSERT | pg_sys::TRIGGER_TYPE_DELETE | pg_sys::TRIGGER_TYPE_UPDATE | pg_sys::TRIGGER_TYPE_TRUNCATE) as i16;
+    let fit = Spi::get_one_with_args::<bool>(
+        "SELECT EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid OPERATOR(pg_catalog.=) $1 \
+                 AND t.tgname OPERATOR(pg_catalog.=) 'changed' AND t.tgtype OPERATOR(pg_catalog.=) $2 \
+                 AND t.tgenabled OPERATOR(pg_catalog.=) 'A' AND t.tgfoid OPERATOR(pg_catalog.=) $3::pg_catalog.regprocedure)",
+        &[table.oid.into(), ALL_EVENTS_AFTER_STATEMENT.into(), format!("pgticket.{name}_changed()").as_str().into()],
+    )
+    .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot look up the trigger of pgticket.{name}: {e}"))
+    .unwrap_or(false);
+    if !fit {
+        crate::errors::TicketError::StateTableUnfit(format!(
+            "pg_ticket: the state table pgticket.{name} lacks its trigger \"changed\" as created (other sessions would not see its changes); \
+             run DROP TRIGGER IF EXISTS changed ON pgticket.{name}; CREATE TRIGGER changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgticket.{name} \
+             FOR EACH STATEMENT EXECUTE FUNCTION pgticket.{name}_changed(); ALTER TABLE pgticket.{name} ENABLE ALWAYS TRIGGER changed"
+        ))
+        .raise()
+    }
 }
 
 unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid: pg_sys::Oid) {

@@ -78,6 +78,7 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
     let Some(table) = state_tables::lookup().and_then(|t| t.id_space) else {
         return Ok(None);
     };
+    state_tables::check_change_trigger(table, "id_space");
     let mine = configured();
     let spaces = state_tables::as_owner_of(table, || {
         Spi::connect_mut(|client| {
