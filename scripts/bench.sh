@@ -18,7 +18,7 @@ out="$root/target/bench"
 mkdir -p "$out"
 report="$out/report.md"
 
-"$root/scripts/cluster.sh" start "$dir" "$port" "shared_buffers = '512MB'" "max_wal_size = '4GB'"
+"$root/scripts/cluster.sh" start "$dir" "$port" "shared_buffers = '512MB'" "max_wal_size = '4GB'" "pg_ticket.shards = '0-63'"
 trap '"$root/scripts/cluster.sh" stop "$dir"' EXIT
 export PGHOST=$dir PGPORT=$port PGUSER=postgres PGDATABASE=postgres
 psql() { "$bindir/psql" -X -q -v ON_ERROR_STOP=1 "$@"; }
@@ -87,6 +87,26 @@ for n in 10000 100000 1000000; do
     in_backend "nextval_$n" "$(calls "nextval('bench_seq')" $n)"
 done
 in_backend ticket_1000000 "$(calls "next_ticket('bulk', 'run-%RUN%')" 1000000)"
+# Sharded IDs: one shard in one backend (the layout's cap is 1 024 000/s),
+# then shards in parallel, one backend each, against snowflake_id() from as
+# many backends (one shared state).
+in_backend sharded "$(calls 'sharded_id(1)' 2000000)"
+parallel_rate() { # backends statement-with-%I
+    local n=$1 started ended
+    started=$(date +%s%N)
+    for i in $(seq 1 "$n"); do
+        psql -At -c "SELECT count(x) FROM (SELECT ${2//%I/$i} AS x, generate_series(1, 1000000)) s" >/dev/null &
+    done
+    wait
+    ended=$(date +%s%N)
+    awk -v n="$n" -v ns=$((ended - started)) 'BEGIN { printf "%.0f", n * 1000000 / (ns / 1e9) }'
+}
+declare -A parallel
+for n in 1 2 8; do
+    parallel[sharded_$n]=$(parallel_rate "$n" 'sharded_id(%I)')
+    parallel[snowflake_$n]=$(parallel_rate "$n" 'snowflake_id()')
+    echo "  $n backends: sharded ${parallel[sharded_$n]} IDs/s, snowflake ${parallel[snowflake_$n]} IDs/s" >&2
+done
 # The plain upsert is quadratic inside one transaction: only sizes that
 # finish within a minute.
 in_backend plain_10000 "$(calls "plain_next('bulk-plain', 'run-%RUN%')" 10000)"
@@ -196,6 +216,12 @@ cost() { awk -v off="$1" -v on="$2" 'BEGIN { printf "%+.1f%%", 100 * (on - off) 
     echo "snowflake_id(): $(rate 2000000 "${ms[snowflake]}") IDs/s = $(awk -v r="$(rate 2000000 "${ms[snowflake]}")" 'BEGIN {printf "%.1f", 100 * r / 4096000}')% of the layout's cap (4 096 000/s);"
     echo "the milliseconds its IDs span are ${fill}% full (4 096 IDs each = 100%)."
     echo "With a leased machine id (\`pg_ticket.machine_id = -1\`): ${ms[snowflake_leased]} ms for 2M = $(rate 2000000 "${ms[snowflake_leased]}") IDs/s, $(ratio "${ms[snowflake]}" "${ms[snowflake_leased]}")× the fixed id's rate."
+    echo
+    echo "sharded_id(1) × 2M in one backend: ${ms[sharded]} ms = $(rate 2000000 "${ms[sharded]}") IDs/s = $(awk -v r="$(rate 2000000 "${ms[sharded]}")" 'BEGIN {printf "%.1f", 100 * r / 1024000}')% of one shard's cap (1 024 000/s; bar ≥ 95%)."
+    echo
+    echo "| backends at once, 1M IDs each | sharded_id(own shard) IDs/s | snowflake_id() IDs/s |"
+    echo "|---|---|---|"
+    for n in 1 2 8; do echo "| $n | ${parallel[sharded_$n]} | ${parallel[snowflake_$n]} |"; done
     echo
     echo "| IDs in one transaction | next_scoped_id ms | nextval() ms | ratio to nextval | plain upsert ms |"
     echo "|---|---|---|---|---|"
