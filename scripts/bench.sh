@@ -90,6 +90,7 @@ in_backend ticket_1000000 "$(calls "next_ticket('bulk', 'run-%RUN%')" 1000000)"
 # Sharded IDs: one shard in one backend (the layout's cap is 1 024 000/s),
 # then shards in parallel, one backend each, against snowflake_id() from as
 # many backends (one shared state).
+psql -c "SELECT count(sharded_accept(s, 0)) FROM generate_series(0, 8) s" >/dev/null # new shards
 in_backend sharded "$(calls 'sharded_id(1)' 2000000)"
 parallel_rate() { # backends statement-with-%I
     local n=$1 started ended

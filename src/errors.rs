@@ -55,10 +55,6 @@ pub enum TicketError {
     InvalidArgument(String),
     #[error(transparent)]
     Sharded(ticket_core::sharded::ShardError),
-    #[error("shard {0} is not one of this server's (pg_ticket.shards)")]
-    ShardNotOwned(u16),
-    #[error("shard {0} is still in pg_ticket.shards here: remove it and reload before releasing it")]
-    ShardStillOwned(u16),
     #[error("permission denied for {scope}: no grant covers it for role {role}")]
     NoScopeRight { scope: String, role: String },
     /// A state table that cannot be used as it is (unlogged, moved).
@@ -87,9 +83,8 @@ impl TicketError {
             TicketError::Sharded(
                 ShardError::OutOfRange(_) | ShardError::NegativeId(_) | ShardError::BadList(_),
             ) => ERRCODE_INVALID_PARAMETER_VALUE,
-            TicketError::Sharded(_) | TicketError::ShardNotOwned(_) | TicketError::ShardStillOwned(_) => {
-                ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
-            }
+            TicketError::Sharded(ShardError::Book(_)) => ERRCODE_IO_ERROR,
+            TicketError::Sharded(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             TicketError::Snowflake(
                 SnowflakeError::NegativeId(_) | SnowflakeError::MachineOutOfRange(_) | SnowflakeError::TimeOutOfRange { .. },
             ) => {
@@ -156,8 +151,8 @@ impl TicketError {
             TicketError::Lease(LeaseError::NoneFree { .. }) => {
                 Some("Release ids no longer used, let dead holders' leases expire, or widen pg_ticket.lease_ids.")
             }
-            TicketError::ShardNotOwned(_) => Some(
-                "Add it to pg_ticket.shards and reload; a shard another server owned is taken over with sharded_release() there and sharded_accept() here.",
+            TicketError::Sharded(ShardError::NotListed(_)) => Some(
+                "Add it to pg_ticket.shards and reload, then sharded_accept() it; a shard another server owned is taken over with sharded_release() there and sharded_accept() here.",
             ),
             TicketError::NoScopeRight { .. } => Some(
                 "pg_ticket.scope_rights is on: an administrator grants a scope with grant_scope(role, queue, domain) and a block name with grant_block(role, name); pgticket.scope_grants lists the grants.",

@@ -36,6 +36,9 @@ pub use wal::register as register_wal;
 /// pg_basebackup copies it with the cluster. Written ahead, at most once per
 /// `RESERVE_AHEAD_MS` of issued timestamps.
 pub const MARK_FILE: &str = "pg_ticket_snowflake.mark";
+/// Which shards this server accepted or released (`sharded_id()`), beside
+/// the mark, carried in WAL as it is.
+pub const SHARD_BOOK_FILE: &str = "pg_ticket_shards.book";
 
 #[derive(Default)]
 #[repr(transparent)]

@@ -12,7 +12,7 @@
 
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
-use ticket_core::sharded::{self as layout, ShardState, MAX_SHARD};
+use ticket_core::sharded::{self as layout, Server, ShardTable, MAX_SHARD};
 
 use super::{wal, SystemClock, GENERATOR};
 use crate::api::required;
@@ -21,16 +21,8 @@ use crate::names::Name;
 use crate::settings;
 
 #[derive(Default)]
-#[repr(C, align(64))]
-struct PaddedShard(ShardState);
-
-pub struct Shards([PaddedShard; MAX_SHARD as usize + 1]);
-
-impl Default for Shards {
-    fn default() -> Self {
-        Shards(std::array::from_fn(|_| PaddedShard::default()))
-    }
-}
+#[repr(transparent)]
+pub struct Shards(ShardTable);
 
 // Atomics only: valid in shared memory across processes.
 unsafe impl PGRXSharedMemory for Shards {}
@@ -41,69 +33,69 @@ pub fn init_shared_memory() {
     pg_shmem_init!(SHARDS);
 }
 
-/// The shard argument, owned by this server (55000 naming the setting).
-fn owned_shard(shard: Option<i32>, function: &'static str) -> u16 {
+/// This server's shards, generator, clock, mark and book.
+fn server() -> Server<'static, SystemClock, wal::WalMarkStore, wal::WalShardBook> {
+    Server {
+        generator: &GENERATOR.get().0,
+        table: &SHARDS.get().0,
+        clock: &SystemClock,
+        mark: &wal::WalMarkStore,
+        book: &wal::WalShardBook,
+        epoch_unix_ms: settings::epoch_unix_ms(),
+    }
+}
+
+/// The shard argument, checked, on a preloading server that may write.
+fn shard_arg(shard: Option<i32>, function: &'static str) -> u16 {
     if !settings::preloaded() {
         TicketError::NotPreloaded(function).raise();
     }
     let shard = layout::check_shard(i64::from(required("shard", shard))).or_raise();
-    if !settings::owns_shard(shard) {
-        TicketError::ShardNotOwned(shard).raise();
-    }
+    crate::xact::check_writable().or_raise();
     shard
 }
 
-fn state(shard: u16) -> &'static ShardState {
-    &SHARDS.get().0[usize::from(shard)].0
-}
-
-/// The next ID of `shard`, which this server owns.
+/// The next ID of `shard`, which this server owns: listed in
+/// `pg_ticket.shards` and accepted here.
 #[pg_extern(volatile, parallel_unsafe)]
 fn sharded_id(shard: Option<i32>) -> i64 {
     postgres_errors_as_raised(|| {
-        let shard = owned_shard(shard, "sharded_id");
-        crate::xact::check_writable().or_raise();
+        let shard = shard_arg(shard, "sharded_id");
         super::space::check_database().or_raise();
-        layout::next_id(&GENERATOR.get().0, state(shard), &SystemClock, &wal::WalMarkStore, settings::epoch_unix_ms(), shard).or_raise()
+        server().next_id(shard, settings::owns_shard(shard)).or_raise()
     })
 }
 
 /// Admin, on the shard's old owner, after removing it from
-/// `pg_ticket.shards` and reloading: close the shard here and return the
-/// handover point for `sharded_accept()` on its new owner.
+/// `pg_ticket.shards` and reloading: close the shard here for good (until
+/// accepted again; recorded in WAL, so standbys have it too) and return the
+/// handover point for `sharded_accept()` on its new owner (the same point
+/// when asked again).
 #[pg_extern(volatile, parallel_unsafe)]
 fn sharded_release(shard: Option<i32>) -> i64 {
     postgres_errors_as_raised(|| {
-        if !settings::preloaded() {
-            TicketError::NotPreloaded("sharded_release").raise();
-        }
-        let shard = layout::check_shard(i64::from(required("shard", shard))).or_raise();
-        if settings::owns_shard(shard) {
-            TicketError::ShardStillOwned(shard).raise();
-        }
-        crate::xact::check_writable().or_raise();
-        layout::release(&GENERATOR.get().0, state(shard), &SystemClock, &wal::WalMarkStore, settings::epoch_unix_ms(), shard).or_raise()
+        let shard = shard_arg(shard, "sharded_release");
+        server().release(shard, settings::owns_shard(shard)).or_raise()
     })
 }
 
 /// Admin, on the shard's new owner, after adding it to `pg_ticket.shards`
-/// and reloading: never issue at or below `handover_id` (the old owner's
-/// `sharded_release()`) for it, here or after a restart or failover.
-/// Waits until this server's clock has passed it (at most 11 s). Returns
-/// the shard's first ID here.
+/// and reloading: issue the shard here, only above `handover_id` (its old
+/// owner's `sharded_release()`; 0 for a shard no server issued before),
+/// here and after a restart or failover. Waits until this server's clock
+/// has passed it (at most 11 s). Returns the shard's first ID here.
 #[pg_extern(volatile, parallel_unsafe)]
 fn sharded_accept(shard: Option<i32>, handover_id: Option<i64>) -> i64 {
     postgres_errors_as_raised(|| {
-        let shard = owned_shard(shard, "sharded_accept");
+        let shard = shard_arg(shard, "sharded_accept");
         let handover_id = required("handover_id", handover_id);
         let point = layout::decompose(handover_id).or_raise();
-        if point.shard != shard {
+        if handover_id != 0 && point.shard != shard {
             TicketError::InvalidArgument(format!("{handover_id} is an ID of shard {}, not of shard {shard}", point.shard)).raise();
         }
-        crate::xact::check_writable().or_raise();
-        let (generator, epoch) = (&GENERATOR.get().0, settings::epoch_unix_ms());
-        layout::accept(generator, state(shard), &SystemClock, &wal::WalMarkStore, epoch, shard, handover_id).or_raise();
-        layout::next_id(generator, state(shard), &SystemClock, &wal::WalMarkStore, epoch, shard).or_raise()
+        let listed = settings::owns_shard(shard);
+        server().accept(shard, listed, handover_id).or_raise();
+        server().next_id(shard, listed).or_raise()
     })
 }
 

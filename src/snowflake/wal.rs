@@ -21,17 +21,25 @@
 //! the records), and a server that wrote such WAL must keep pg_ticket
 //! preloaded until a clean shutdown or checkpoint has passed its last one.
 //!
-//! Touches: WAL (insert, flush, sync-rep wait) and the mark file. Runs in
-//! the backend that moves the mark (holding the generator's `busy` flag,
-//! no LWLock) and, on replay, in the startup process.
+//! The same resource manager carries the shard book of `sharded_id()`
+//! (which shards this server accepted or released, `XLOG_SHARD`): a
+//! standby replays it into its own book file, so a shard released on the
+//! primary stays released on a promoted standby, and one accepted there is
+//! accepted there too.
+//!
+//! Touches: WAL (insert, flush, sync-rep wait), the mark file and the shard
+//! book file. Runs in the backend that moves the mark or changes the book
+//! (holding the generator's `busy` flag, no LWLock) and, on replay, in the
+//! startup process.
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::ffi::CStr;
 use std::path::Path;
+use ticket_core::sharded::{BookFile, ShardBook, Standing};
 use ticket_core::snowflake::{FileMarkStore, IdSpace, MarkStore, SnowflakeError};
 
-use super::MARK_FILE;
+use super::{MARK_FILE, SHARD_BOOK_FILE};
 
 /// pg_ticket's resource manager id, in PostgreSQL's custom range (128-255).
 pub const RMGR_ID: u8 = 157;
@@ -41,6 +49,10 @@ const RMGR_NAME: &CStr = c"pg_ticket_snowflake";
 /// bits (u32 LE). A record of 0.2.0 holds the mark alone.
 const XLOG_MARK: u8 = 0x00;
 const RECORD_LEN: usize = 20;
+/// "Shard S is now accepted (1) / released (2) at point P": S u16 LE, the
+/// kind u8, P (a sharded state, `ms << 10 | sequence`) u64 LE.
+const XLOG_SHARD: u8 = 0x10;
+const SHARD_RECORD_LEN: usize = 11;
 
 static mut RMGR: pg_sys::RmgrData = pg_sys::RmgrData {
     rm_name: RMGR_NAME.as_ptr(),
@@ -67,44 +79,121 @@ impl MarkStore for WalMarkStore {
     }
 
     fn save(&self, reserved_until_unix_ms: i64) -> Result<(), String> {
-        let _writing = super::MarkWriter::enter();
-        // The mark is only written while issuing, never during recovery.
-        // A checkpoint may not start between the record and the file write
-        // (a base backup whose start checkpoint fell between them would copy
-        // the old file and never replay the record), as PostgreSQL guards
-        // its own record-then-file writes; held for those two writes only,
-        // never across the standby wait below: the checkpointer is also what
-        // applies a changed synchronous_standby_names and releases waiters.
-        let lsn = {
-            let _no_checkpoint = DelayCheckpointStart::new();
-            let lsn = unsafe {
-                let space = super::id_space();
-                let mut bytes = [0u8; RECORD_LEN];
-                bytes[..8].copy_from_slice(&reserved_until_unix_ms.to_le_bytes());
-                bytes[8..16].copy_from_slice(&space.epoch_unix_ms.to_le_bytes());
-                bytes[16..].copy_from_slice(&space.machine_bits.to_le_bytes());
-                pg_sys::XLogBeginInsert();
-                pg_sys::XLogRegisterData(bytes.as_ptr() as _, bytes.len() as _);
-                let lsn = pg_sys::XLogInsert(RMGR_ID, XLOG_MARK);
-                pg_sys::XLogFlush(lsn);
-                lsn
-            };
-            file().save(reserved_until_unix_ms)?;
-            lsn
-        };
+        let space = super::id_space();
+        let mut bytes = [0u8; RECORD_LEN];
+        bytes[..8].copy_from_slice(&reserved_until_unix_ms.to_le_bytes());
+        bytes[8..16].copy_from_slice(&space.epoch_unix_ms.to_le_bytes());
+        bytes[16..].copy_from_slice(&space.machine_bits.to_le_bytes());
         // A mark in the file that no ID uses yet is harmless (higher is
         // always safe); no ID is stamped under it until the standbys have
         // it: the caller raises its reservation only on Ok.
-        if !crate::xact::wait_for_synchronous_standbys(lsn) {
-            return Err("the synchronous standbys did not confirm the new snowflake mark (the wait was cancelled or \
-                        the session is ending): no ID is stamped under it"
-                .into());
-        }
-        Ok(())
+        logged_write(XLOG_MARK, &bytes, || file().save(reserved_until_unix_ms)).map_err(|e| match e {
+            LoggedWriteError::File(e) => e,
+            LoggedWriteError::NotReplicated => "the synchronous standbys did not confirm the new snowflake mark (the wait was cancelled or \
+                 the session is ending): no ID is stamped under it"
+                .into(),
+        })
     }
 
     fn location(&self) -> String {
         file().location()
+    }
+}
+
+enum LoggedWriteError {
+    File(String),
+    NotReplicated,
+}
+
+/// A WAL record of ours, flushed, then the file it stands for written by
+/// `write_file`, then the synchronous standbys' confirmation awaited. The
+/// caller holds the generator's writer flag (freed at exit by MarkWriter).
+/// A checkpoint may not start between the record and the file write (a
+/// base backup whose start checkpoint fell between them would copy the old
+/// file and never replay the record), as PostgreSQL guards its own
+/// record-then-file writes; held for those two writes only, never across
+/// the standby wait: the checkpointer is also what applies a changed
+/// synchronous_standby_names and releases waiters. Only while issuing,
+/// never during recovery.
+fn logged_write(info: u8, bytes: &[u8], write_file: impl FnOnce() -> Result<(), String>) -> Result<(), LoggedWriteError> {
+    let _writing = super::MarkWriter::enter();
+    let lsn = {
+        let _no_checkpoint = DelayCheckpointStart::new();
+        let lsn = unsafe {
+            pg_sys::XLogBeginInsert();
+            pg_sys::XLogRegisterData(bytes.as_ptr() as _, bytes.len() as _);
+            let lsn = pg_sys::XLogInsert(RMGR_ID, info);
+            pg_sys::XLogFlush(lsn);
+            lsn
+        };
+        write_file().map_err(LoggedWriteError::File)?;
+        lsn
+    };
+    if !crate::xact::wait_for_synchronous_standbys(lsn) {
+        return Err(LoggedWriteError::NotReplicated);
+    }
+    Ok(())
+}
+
+/// The shard book file, with every change written to WAL first.
+pub struct WalShardBook;
+
+pub fn book_file() -> BookFile<'static> {
+    BookFile { path: Path::new(SHARD_BOOK_FILE) }
+}
+
+impl ShardBook for WalShardBook {
+    fn load(&self) -> Result<Vec<(u16, Standing)>, String> {
+        book_file().read()
+    }
+
+    fn record(&self, shard: u16, standing: Standing) -> Result<(), String> {
+        let mut bytes = [0u8; SHARD_RECORD_LEN];
+        bytes[..2].copy_from_slice(&shard.to_le_bytes());
+        let (kind, point) = match standing {
+            Standing::Accepted(p) => (1u8, p),
+            Standing::Released(p) => (2u8, p),
+        };
+        bytes[2] = kind;
+        bytes[3..].copy_from_slice(&point.to_le_bytes());
+        logged_write(XLOG_SHARD, &bytes, || book_file().set(shard, standing)).map_err(|e| match e {
+            LoggedWriteError::File(e) => e,
+            LoggedWriteError::NotReplicated => format!(
+                "the synchronous standbys did not confirm the new standing of shard {shard} (the wait was cancelled or the session is ending)"
+            ),
+        })
+    }
+}
+
+fn record_data(record: *mut pg_sys::XLogReaderState) -> &'static [u8] {
+    unsafe {
+        let decoded = (*record).record;
+        if decoded.is_null() {
+            return &[];
+        }
+        std::slice::from_raw_parts((*decoded).main_data as *const u8, (*decoded).main_data_len as usize)
+    }
+}
+
+fn record_info(record: *mut pg_sys::XLogReaderState) -> u8 {
+    unsafe {
+        let decoded = (*record).record;
+        if decoded.is_null() { 0xff } else { (*decoded).header.xl_info & !(pg_sys::XLR_INFO_MASK as u8) }
+    }
+}
+
+/// A shard record's shard and standing.
+fn record_shard(record: *mut pg_sys::XLogReaderState) -> Option<(u16, Standing)> {
+    let data = record_data(record);
+    if data.len() != SHARD_RECORD_LEN {
+        return None;
+    }
+    let shard = u16::from_le_bytes(data[..2].try_into().ok()?);
+    let point = u64::from_le_bytes(data[3..].try_into().ok()?);
+    match data[2] {
+        1 => Some((shard, Standing::Accepted(point))),
+        2 => Some((shard, Standing::Released(point))),
+        _ => None,
     }
 }
 
@@ -161,6 +250,16 @@ fn record_mark(record: *mut pg_sys::XLogReaderState) -> Option<(i64, IdSpace)> {
 /// A damaged file is replaced: the record is the primary's word.
 #[pg_guard]
 unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
+    if record_info(record) == XLOG_SHARD {
+        let Some((shard, standing)) = record_shard(record) else {
+            pgrx::error!("pg_ticket: a shard book WAL record of the wrong form");
+        };
+        // The primary's word: the standing it recorded replaces this one's.
+        if let Err(e) = book_file().set(shard, standing) {
+            pgrx::error!("pg_ticket: cannot write the shard book while replaying WAL: {e}");
+        }
+        return;
+    }
     let Some((mark, space)) = record_mark(record) else {
         pgrx::error!("pg_ticket: a snowflake mark WAL record of the wrong size");
     };
@@ -178,9 +277,16 @@ unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
 /// For pg_waldump and pg_walinspect.
 #[pg_guard]
 unsafe extern "C-unwind" fn desc(buf: pg_sys::StringInfo, record: *mut pg_sys::XLogReaderState) {
-    let text = match record_mark(record) {
-        Some((mark, space)) => format!("snowflake mark {mark} ms, {space}"),
-        None => "snowflake mark (malformed)".to_string(),
+    let text = if record_info(record) == XLOG_SHARD {
+        match record_shard(record) {
+            Some((shard, standing)) => format!("shard {shard} {standing:?}"),
+            None => "shard standing (malformed)".to_string(),
+        }
+    } else {
+        match record_mark(record) {
+            Some((mark, space)) => format!("snowflake mark {mark} ms, {space}"),
+            None => "snowflake mark (malformed)".to_string(),
+        }
     };
     let text = std::ffi::CString::new(text).unwrap_or_default();
     unsafe { pg_sys::appendStringInfoString(buf, text.as_ptr()) };
@@ -188,9 +294,9 @@ unsafe extern "C-unwind" fn desc(buf: pg_sys::StringInfo, record: *mut pg_sys::X
 
 #[pg_guard]
 unsafe extern "C-unwind" fn identify(info: u8) -> *const std::ffi::c_char {
-    if info & !pg_sys::XLR_INFO_MASK as u8 == XLOG_MARK {
-        c"MARK".as_ptr()
-    } else {
-        std::ptr::null()
+    match info & !pg_sys::XLR_INFO_MASK as u8 {
+        XLOG_MARK => c"MARK".as_ptr(),
+        XLOG_SHARD => c"SHARD".as_ptr(),
+        _ => std::ptr::null(),
     }
 }

@@ -1,27 +1,33 @@
 //! Sharded IDs (SPEC §15, Instagram's layout): `0 | 41 bits ms since the
 //! epoch | 12 bits shard | 10 bits sequence`, the sequence per shard and
-//! millisecond (1 024), so the database that owns a logical shard numbers
-//! its rows in time order with no coordination, and the shard is read back
-//! from the ID.
+//! millisecond (1 024), so the server that owns a logical shard numbers its
+//! rows in time order with no coordination, and the shard is read back from
+//! the ID.
 //!
 //! Each shard's state is one `u64`, `(ms << 10) | sequence`, advanced by
 //! compare-and-swap like the snowflake generator's: shards share no lock
-//! and no cache line (the server pads them). They share the snowflake
-//! generator's clock rules (a step back of up to 10 ms is waited out, more
-//! refused) and its durable mark (`snowflake::cover`, written to WAL
-//! before use): after a restart, a crash or a failover every shard starts
-//! above the mark, as snowflakes do.
+//! and no cache line. They share the snowflake generator's clock rules (a
+//! step back of up to 10 ms is waited out, more refused) and its durable
+//! mark (`snowflake::cover`, written to WAL before use): after a restart, a
+//! crash or a failover every shard starts above the mark.
 //!
-//! A shard moves between servers with [`release`] on the old owner, which
-//! closes the shard (`CLOSED`: no caller can issue from it any more, the
-//! swap that closes it returns the last state exactly) and gives the
-//! handover point, and [`accept`] on the new owner, which puts the shard
-//! above that point, in memory and in its durable mark.
+//! Ownership is durable, not only a setting: a server issues a shard only
+//! if its configuration lists it *and* its shard book (a `ShardBook`: a
+//! file carried in WAL, so standbys have it) records the shard as accepted
+//! there — a new shard with `accept(shard, 0)`, a moved one above its old
+//! owner's handover point. `release` records the shard as released (closed
+//! at once in memory: the swap that closes it is the one every issuer must
+//! win, so its point is exact), and a released shard stays closed across
+//! restarts and promotions until accepted again, whatever the
+//! configuration says.
+//!
+//! Locking: per-shard atomics; the book is loaded and written under the
+//! snowflake generator's writer flag (one writer of the durable files).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use thiserror::Error;
 
-use crate::snowflake::{self, Clock, MarkStore, SharedState, SnowflakeError, Step, MAX_BACKWARD_WAIT_MS, MAX_TIMESTAMP_MS, RESERVE_AHEAD_MS};
+use crate::snowflake::{self, Busy, Clock, MarkStore, SharedState, SnowflakeError, Step, MAX_BACKWARD_WAIT_MS, MAX_TIMESTAMP_MS, RESERVE_AHEAD_MS};
 
 pub const SHARD_BITS: u32 = 12;
 pub const SEQUENCE_BITS: u32 = 10;
@@ -49,6 +55,14 @@ pub enum ShardError {
     NegativeId(i64),
     #[error("shard {0} was released from this server (sharded_release); it issues again only after sharded_accept()")]
     Released(u16),
+    #[error("shard {0} is in pg_ticket.shards but was never accepted here: run sharded_accept({0}, <its old owner's handover point>), or sharded_accept({0}, 0) for a shard no server issued before")]
+    NotAccepted(u16),
+    #[error("shard {0} is not one of this server's (pg_ticket.shards)")]
+    NotListed(u16),
+    #[error("shard {0} is still in pg_ticket.shards here: remove it and reload before releasing it")]
+    StillListed(u16),
+    #[error("the shard book {0}")]
+    Book(String),
     #[error("the handover point of shard {shard} is {ahead_ms} ms ahead of this server's clock, more than {MAX_HANDOVER_AHEAD_MS} ms: fix the clocks first")]
     HandoverAhead { shard: u16, ahead_ms: u64 },
     #[error("pg_ticket.shards: {0:?} is not a list of shards within 0-{MAX_SHARD} (e.g. '0-63, 128')")]
@@ -114,11 +128,117 @@ pub fn shard_of(key: &[u8], shard_count: u16) -> u16 {
     (hash % u64::from(shard_count.max(1))) as u16
 }
 
-/// One shard's state: `(ms << 10) | sequence` of its last ID, `CLOSED`
-/// once released. The server gives each its own cache line.
+/// What the shard book says of a shard: accepted here above a point, or
+/// released here at one (points are states, `(ms << 10) | sequence`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Standing {
+    Accepted(u64),
+    Released(u64),
+}
+
+/// The durable record of every shard's standing on this server: the
+/// server's is a file written after a WAL record, so a standby replays it.
+pub trait ShardBook {
+    fn load(&self) -> Result<Vec<(u16, Standing)>, String>;
+    /// Durable (and on the synchronous standbys) when it returns Ok.
+    fn record(&self, shard: u16, standing: Standing) -> Result<(), String>;
+}
+
+/// The book as text: one `shard accepted|released point` line per shard.
+pub fn format_book(entries: &[(u16, Standing)]) -> String {
+    let mut text = String::new();
+    for (shard, standing) in entries {
+        let (word, point) = match standing {
+            Standing::Accepted(p) => ("accepted", p),
+            Standing::Released(p) => ("released", p),
+        };
+        text.push_str(&format!("{shard} {word} {point}\n"));
+    }
+    text
+}
+
+pub fn parse_book(text: &str) -> Result<Vec<(u16, Standing)>, String> {
+    if !text.is_empty() && !text.ends_with('\n') {
+        return Err("it does not end in a newline (a truncated write?)".into());
+    }
+    text.lines()
+        .map(|line| {
+            let words: Vec<&str> = line.split(' ').collect();
+            let bad = || format!("{line:?} is not a shard's standing");
+            let [shard, word, point] = words[..] else { return Err(bad()) };
+            let shard = shard.parse::<u16>().ok().filter(|s| *s <= MAX_SHARD).ok_or_else(bad)?;
+            let point = point.parse::<u64>().map_err(|_| bad())?;
+            match word {
+                "accepted" => Ok((shard, Standing::Accepted(point))),
+                "released" => Ok((shard, Standing::Released(point))),
+                _ => Err(bad()),
+            }
+        })
+        .collect()
+}
+
+/// The book as a file (the server's: each change under a WAL record).
+pub struct BookFile<'a> {
+    pub path: &'a std::path::Path,
+}
+
+impl BookFile<'_> {
+    /// Every shard's standing (none: no file yet); a damaged file is an error.
+    pub fn read(&self) -> Result<Vec<(u16, Standing)>, String> {
+        match std::fs::read_to_string(self.path) {
+            Ok(text) => parse_book(&text).map_err(|why| format!("{} is damaged: {why}", self.path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+            Err(e) => Err(format!("cannot read {}: {e}", self.path.display())),
+        }
+    }
+
+    /// `shard`'s standing replaced, the whole file written anew atomically.
+    pub fn set(&self, shard: u16, standing: Standing) -> Result<(), String> {
+        let mut entries: Vec<_> = self.read()?.into_iter().filter(|(s, _)| *s != shard).collect();
+        entries.push((shard, standing));
+        entries.sort_by_key(|(s, _)| *s);
+        snowflake::write_atomically(self.path, &format_book(&entries))
+    }
+}
+
+const ACCEPTED: u64 = 1 << 62;
+const RELEASED: u64 = 1 << 63;
+const POINT: u64 = ACCEPTED - 1;
+
+fn pack(standing: Standing) -> u64 {
+    match standing {
+        Standing::Accepted(p) => ACCEPTED | (p & POINT),
+        Standing::Released(p) => RELEASED | (p & POINT),
+    }
+}
+
+fn unpack(packed: u64) -> Option<Standing> {
+    match packed & !POINT {
+        ACCEPTED => Some(Standing::Accepted(packed & POINT)),
+        RELEASED => Some(Standing::Released(packed & POINT)),
+        _ => None,
+    }
+}
+
+/// One shard: the state of its last ID (`CLOSED` once released) and its
+/// standing as the book has it. Its own cache line.
 #[derive(Default)]
+#[repr(align(64))]
 pub struct ShardState {
     last: AtomicU64,
+    standing: AtomicU64,
+}
+
+/// Every shard of a server (in shared memory in the server).
+pub struct ShardTable {
+    loaded: AtomicBool,
+    shards: [ShardState; MAX_SHARD as usize + 1],
+}
+
+impl Default for ShardTable {
+    fn default() -> Self {
+        ShardTable { loaded: AtomicBool::new(false), shards: std::array::from_fn(|_| ShardState::default()) }
+    }
 }
 
 /// The state after the last sequence of `millis`.
@@ -126,116 +246,171 @@ fn after_millisecond(millis: u64) -> u64 {
     (millis << SEQUENCE_BITS) | u64::from(MAX_SEQUENCE)
 }
 
-/// The next ID of `shard`. `clock_shared` is the snowflake generator's
-/// state, whose durable mark covers every shard's timestamps.
-pub fn next_id(
-    clock_shared: &SharedState,
-    state: &ShardState,
-    clock: &impl Clock,
-    store: &impl MarkStore,
-    epoch_unix_ms: i64,
-    shard: u16,
-) -> Result<i64, ShardError> {
-    let floor = snowflake::load_mark(clock_shared, clock, store, epoch_unix_ms)?.map(after_millisecond);
-    loop {
-        // The state before the clock, as the snowflake generator reads them
-        // (a caller paused between the two must not see others' IDs as a
-        // clock step back).
-        let last = state.last.load(Ordering::Acquire);
-        if last == CLOSED {
-            return Err(ShardError::Released(shard));
+fn id_of(state: u64, shard: u16) -> i64 {
+    compose(ShardedParts { millis: state >> SEQUENCE_BITS, shard, sequence: (state & u64::from(MAX_SEQUENCE)) as u16 })
+}
+
+/// What a shard call needs of the server: the snowflake generator (clock
+/// rules, mark, writer flag), its clock, mark store and epoch, and the book.
+pub struct Server<'a, C: Clock, M: MarkStore, B: ShardBook> {
+    pub generator: &'a SharedState,
+    pub table: &'a ShardTable,
+    pub clock: &'a C,
+    pub mark: &'a M,
+    pub book: &'a B,
+    pub epoch_unix_ms: i64,
+}
+
+impl<C: Clock, M: MarkStore, B: ShardBook> Server<'_, C, M, B> {
+    /// The book read into memory (once per start), and the mark's floor.
+    fn ready(&self) -> Result<Option<u64>, ShardError> {
+        let floor = snowflake::load_mark(self.generator, self.clock, self.mark, self.epoch_unix_ms)?.map(after_millisecond);
+        if !self.table.loaded.load(Ordering::Acquire) {
+            let _writer = Busy::acquire(self.generator.writer_flag(), self.clock)?;
+            if !self.table.loaded.load(Ordering::Acquire) {
+                for (shard, standing) in self.book.load().map_err(ShardError::Book)? {
+                    self.table.shards[usize::from(shard)].standing.store(pack(standing), Ordering::Release);
+                }
+                self.table.loaded.store(true, Ordering::Release);
+            }
         }
-        if let Some(floor) = floor.filter(|f| last < *f) {
-            // First use since the start: above the mark.
-            let _ = state.last.compare_exchange(last, floor, Ordering::AcqRel, Ordering::Acquire);
-            continue;
+        Ok(floor)
+    }
+
+    fn shard(&self, shard: u16) -> &ShardState {
+        &self.table.shards[usize::from(shard)]
+    }
+
+    /// The next ID of `shard` (`listed`: in this server's configuration).
+    pub fn next_id(&self, shard: u16, listed: bool) -> Result<i64, ShardError> {
+        if !listed {
+            return Err(ShardError::NotListed(shard));
         }
-        let now_unix_ms = clock.now_unix_ms();
-        let since_epoch = now_unix_ms - epoch_unix_ms;
-        if since_epoch < 0 {
-            return Err(SnowflakeError::BeforeEpoch { now_ms: now_unix_ms, epoch_ms: epoch_unix_ms }.into());
+        let mark_floor = self.ready()?;
+        let state = self.shard(shard);
+        let accepted = match unpack(state.standing.load(Ordering::Acquire)) {
+            Some(Standing::Accepted(point)) => point,
+            Some(Standing::Released(_)) => return Err(ShardError::Released(shard)),
+            None => return Err(ShardError::NotAccepted(shard)),
+        };
+        let floor = mark_floor.unwrap_or(0).max(accepted);
+        loop {
+            // The state before the clock, as the snowflake generator reads
+            // them (a caller paused between the two must not see others'
+            // IDs as a clock step back).
+            let last = state.last.load(Ordering::Acquire);
+            if last == CLOSED {
+                return Err(ShardError::Released(shard));
+            }
+            if last < floor {
+                // First use since the start or the acceptance: above both.
+                let _ = state.last.compare_exchange(last, floor, Ordering::AcqRel, Ordering::Acquire);
+                continue;
+            }
+            let now_unix_ms = self.clock.now_unix_ms();
+            let since_epoch = now_unix_ms - self.epoch_unix_ms;
+            if since_epoch < 0 {
+                return Err(SnowflakeError::BeforeEpoch { now_ms: now_unix_ms, epoch_ms: self.epoch_unix_ms }.into());
+            }
+            let now_ms = since_epoch as u64;
+            if now_ms > MAX_TIMESTAMP_MS {
+                return Err(SnowflakeError::TimestampExhausted.into());
+            }
+            // At the floor (a start, an acceptance) the state may lie up to
+            // the reservation ahead of the clock: wait rather than refuse.
+            let max_wait_ms = if last == floor { RESERVE_AHEAD_MS + MAX_BACKWARD_WAIT_MS } else { MAX_BACKWARD_WAIT_MS };
+            match snowflake::step_in(last, now_ms, max_wait_ms, SEQUENCE_BITS) {
+                Step::Issue(next) => {
+                    snowflake::cover(self.generator, self.clock, self.mark, self.epoch_unix_ms, next >> SEQUENCE_BITS)?;
+                    if state.last.compare_exchange_weak(last, next, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+                        return Ok(id_of(next, shard));
+                    }
+                }
+                Step::WaitUntil(target_ms) => self.clock.pause(target_ms.saturating_sub(now_ms).max(1)),
+                Step::Refuse { behind_ms } => return Err(SnowflakeError::ClockBehind { behind_ms, allowed_ms: max_wait_ms }.into()),
+            }
         }
-        let now_ms = since_epoch as u64;
-        if now_ms > MAX_TIMESTAMP_MS {
-            return Err(SnowflakeError::TimestampExhausted.into());
+    }
+
+    /// Close `shard` here for good (until accepted again) and return its
+    /// handover point: an ID at or above every ID this server issued for it
+    /// (since its last start, its durable mark stands for those before).
+    /// Called again, it returns the same point (a lost answer is asked
+    /// again) and records it again.
+    pub fn release(&self, shard: u16, listed: bool) -> Result<i64, ShardError> {
+        if listed {
+            return Err(ShardError::StillListed(shard));
         }
-        // Right after a start (or a handover) the state may lie up to the
-        // reservation ahead of the clock: wait rather than refuse.
-        let max_wait_ms = if Some(last) == floor { RESERVE_AHEAD_MS + MAX_BACKWARD_WAIT_MS } else { MAX_BACKWARD_WAIT_MS };
-        match snowflake::step_in(last, now_ms, max_wait_ms, SEQUENCE_BITS) {
-            Step::Issue(next) => {
-                let millis = next >> SEQUENCE_BITS;
-                snowflake::cover(clock_shared, clock, store, epoch_unix_ms, millis)?;
-                if state.last.compare_exchange_weak(last, next, Ordering::AcqRel, Ordering::Acquire).is_ok() {
-                    return Ok(compose(ShardedParts { millis, shard, sequence: (next & u64::from(MAX_SEQUENCE)) as u16 }));
+        let mark_floor = self.ready()?;
+        let _writer = Busy::acquire(self.generator.writer_flag(), self.clock)?;
+        let state = self.shard(shard);
+        let point = match unpack(state.standing.load(Ordering::Acquire)) {
+            Some(Standing::Released(point)) => point,
+            standing => {
+                let last = state.last.swap(CLOSED, Ordering::AcqRel);
+                let issued = if last == CLOSED { 0 } else { last };
+                let accepted = match standing {
+                    Some(Standing::Accepted(point)) => point,
+                    _ => 0,
+                };
+                let point = issued.max(accepted).max(mark_floor.unwrap_or(0));
+                // In memory first: a failed write below leaves the shard
+                // closed, and a retry returns and records this same point.
+                state.standing.store(pack(Standing::Released(point)), Ordering::Release);
+                point
+            }
+        };
+        self.book.record(shard, Standing::Released(point)).map_err(ShardError::Book)?;
+        Ok(id_of(point, shard))
+    }
+
+    /// Take `shard` over above `handover_id` (its old owner's `release`, or
+    /// 0 for a shard no server issued before): recorded in the book and
+    /// covered by the durable mark, so neither a restart nor a promotion
+    /// goes below it; never below what this server issued or released for
+    /// it itself. Waits (through `Clock::sleep`) until this server's clock
+    /// has passed the point, at most `MAX_HANDOVER_AHEAD_MS`.
+    pub fn accept(&self, shard: u16, listed: bool, handover_id: i64) -> Result<(), ShardError> {
+        if !listed {
+            return Err(ShardError::NotListed(shard));
+        }
+        let parts = decompose(handover_id)?;
+        self.ready()?;
+        let now_ms = self.clock.now_unix_ms().saturating_sub(self.epoch_unix_ms).max(0) as u64;
+        if parts.millis > now_ms + MAX_HANDOVER_AHEAD_MS {
+            return Err(ShardError::HandoverAhead { shard, ahead_ms: parts.millis - now_ms });
+        }
+        // Before the writer flag is taken: covering may write the mark.
+        snowflake::cover(self.generator, self.clock, self.mark, self.epoch_unix_ms, parts.millis)?;
+        let point = {
+            let _writer = Busy::acquire(self.generator.writer_flag(), self.clock)?;
+            let state = self.shard(shard);
+            let own = match unpack(state.standing.load(Ordering::Acquire)) {
+                Some(Standing::Accepted(p) | Standing::Released(p)) => p,
+                None => 0,
+            };
+            let last = state.last.load(Ordering::Acquire);
+            let point = ((parts.millis << SEQUENCE_BITS) | u64::from(parts.sequence)).max(own).max(if last == CLOSED { 0 } else { last });
+            self.book.record(shard, Standing::Accepted(point)).map_err(ShardError::Book)?;
+            state.standing.store(pack(Standing::Accepted(point)), Ordering::Release);
+            let mut current = state.last.load(Ordering::Acquire);
+            loop {
+                let raised = if current == CLOSED { point } else { current.max(point) };
+                match state.last.compare_exchange(current, raised, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(_) => break,
+                    Err(seen) => current = seen,
                 }
             }
-            Step::WaitUntil(target_ms) => clock.pause(target_ms.saturating_sub(now_ms).max(1)),
-            Step::Refuse { behind_ms } => return Err(SnowflakeError::ClockBehind { behind_ms, allowed_ms: max_wait_ms }.into()),
+            point
+        };
+        // Returns once the clock can issue above the point.
+        loop {
+            let now_ms = self.clock.now_unix_ms().saturating_sub(self.epoch_unix_ms).max(0) as u64;
+            if now_ms > point >> SEQUENCE_BITS {
+                return Ok(());
+            }
+            self.clock.sleep(((point >> SEQUENCE_BITS) + 1 - now_ms).min(10));
         }
-    }
-}
-
-/// Close `shard` on this server and return its handover point: an ID at or
-/// above every ID this server issued (or, since its last start, may have
-/// issued before it: its durable mark) for the shard. Nothing is issued
-/// from it afterwards here, not even by a call already under way: the swap
-/// that closes it is the one every issuer must win.
-pub fn release(
-    clock_shared: &SharedState,
-    state: &ShardState,
-    clock: &impl Clock,
-    store: &impl MarkStore,
-    epoch_unix_ms: i64,
-    shard: u16,
-) -> Result<i64, ShardError> {
-    let floor = snowflake::load_mark(clock_shared, clock, store, epoch_unix_ms)?.map(after_millisecond);
-    let last = state.last.swap(CLOSED, Ordering::AcqRel);
-    if last == CLOSED {
-        return Err(ShardError::Released(shard));
-    }
-    let point = last.max(floor.unwrap_or(0));
-    Ok(compose(ShardedParts { millis: point >> SEQUENCE_BITS, shard, sequence: (point & u64::from(MAX_SEQUENCE)) as u16 }))
-}
-
-/// Take `shard` over from another server above its handover point (an ID
-/// of `release`, or any ID at or above the old owner's last): the shard's
-/// state here is raised above it, and the durable mark made to cover its
-/// millisecond, so neither a restart nor a failover goes below it. Waits
-/// (through `Clock::sleep`) until this server's clock has passed the point,
-/// at most `MAX_HANDOVER_AHEAD_MS`. Opens a released shard again.
-pub fn accept(
-    clock_shared: &SharedState,
-    state: &ShardState,
-    clock: &impl Clock,
-    store: &impl MarkStore,
-    epoch_unix_ms: i64,
-    shard: u16,
-    handover_id: i64,
-) -> Result<(), ShardError> {
-    let parts = decompose(handover_id)?;
-    snowflake::load_mark(clock_shared, clock, store, epoch_unix_ms)?;
-    let now_ms = clock.now_unix_ms().saturating_sub(epoch_unix_ms).max(0) as u64;
-    if parts.millis > now_ms + MAX_HANDOVER_AHEAD_MS {
-        return Err(ShardError::HandoverAhead { shard, ahead_ms: parts.millis - now_ms });
-    }
-    snowflake::cover(clock_shared, clock, store, epoch_unix_ms, parts.millis)?;
-    let point = (parts.millis << SEQUENCE_BITS) | u64::from(parts.sequence);
-    let mut current = state.last.load(Ordering::Acquire);
-    loop {
-        let raised = if current == CLOSED { point } else { current.max(point) };
-        match state.last.compare_exchange(current, raised, Ordering::AcqRel, Ordering::Acquire) {
-            Ok(_) => break,
-            Err(seen) => current = seen,
-        }
-    }
-    // Returns once the clock can issue above the point.
-    loop {
-        let now_ms = clock.now_unix_ms().saturating_sub(epoch_unix_ms).max(0) as u64;
-        if now_ms > parts.millis {
-            return Ok(());
-        }
-        clock.sleep((parts.millis + 1 - now_ms).min(10));
     }
 }
 
@@ -243,9 +418,58 @@ pub fn accept(
 mod tests {
     use super::*;
     use crate::snowflake::tests::{FakeClock, MemStore, EPOCH};
+    use std::cell::RefCell;
 
-    fn ids(shared: &SharedState, state: &ShardState, clock: &FakeClock, store: &MemStore, shard: u16, n: usize) -> Vec<i64> {
-        (0..n).map(|_| next_id(shared, state, clock, store, EPOCH, shard).unwrap()).collect()
+    /// A book kept in memory, as a file would keep it (text round trip).
+    #[derive(Default)]
+    struct MemBook {
+        text: RefCell<String>,
+        fail: std::cell::Cell<bool>,
+    }
+
+    impl ShardBook for MemBook {
+        fn load(&self) -> Result<Vec<(u16, Standing)>, String> {
+            parse_book(&self.text.borrow())
+        }
+        fn record(&self, shard: u16, standing: Standing) -> Result<(), String> {
+            if self.fail.get() {
+                return Err("disk full".into());
+            }
+            let mut entries: Vec<_> = self.load()?.into_iter().filter(|(s, _)| *s != shard).collect();
+            entries.push((shard, standing));
+            entries.sort_by_key(|(s, _)| *s);
+            *self.text.borrow_mut() = format_book(&entries);
+            Ok(())
+        }
+    }
+
+    /// One server: its generator, shards, clock, mark and book (a restart
+    /// keeps the clock, mark and book and starts the rest anew).
+    struct Node {
+        generator: SharedState,
+        // 256 kB: on the heap, not on a test thread's stack.
+        table: Box<ShardTable>,
+        clock: FakeClock,
+        mark: MemStore,
+        book: MemBook,
+    }
+
+    impl Node {
+        fn at(ms: i64) -> Self {
+            Node { generator: SharedState::default(), table: Box::default(), clock: FakeClock::at(ms), mark: MemStore::default(), book: MemBook::default() }
+        }
+        fn server(&self) -> Server<'_, FakeClock, MemStore, MemBook> {
+            Server { generator: &self.generator, table: &self.table, clock: &self.clock, mark: &self.mark, book: &self.book, epoch_unix_ms: EPOCH }
+        }
+        fn restarted(self) -> Self {
+            Node { generator: SharedState::default(), table: Box::default(), ..self }
+        }
+        fn ids(&self, shard: u16, n: usize) -> Vec<i64> {
+            (0..n).map(|_| self.server().next_id(shard, true).unwrap()).collect()
+        }
+        fn new_shard(&self, shard: u16) {
+            self.server().accept(shard, true, 0).unwrap();
+        }
     }
 
     #[test]
@@ -261,76 +485,146 @@ mod tests {
     }
 
     #[test]
+    fn a_shard_issues_only_when_listed_and_accepted() {
+        let node = Node::at(100);
+        assert_eq!(node.server().next_id(3, false), Err(ShardError::NotListed(3)));
+        assert_eq!(node.server().next_id(3, true), Err(ShardError::NotAccepted(3)), "listed is not enough");
+        assert_eq!(node.server().accept(3, false, 0), Err(ShardError::NotListed(3)));
+        node.new_shard(3);
+        assert!(node.server().next_id(3, true).is_ok());
+        assert_eq!(node.server().next_id(3, false), Err(ShardError::NotListed(3)), "the configuration still counts");
+    }
+
+    #[test]
     fn a_shard_issues_1024_per_millisecond_then_waits_and_shards_are_independent() {
-        let (shared, store, clock) = (SharedState::default(), MemStore::default(), FakeClock::at(100));
-        let (a, b) = (ShardState::default(), ShardState::default());
-        let first = ids(&shared, &a, &clock, &store, 3, 1_025);
+        let node = Node::at(100);
+        node.new_shard(3);
+        node.new_shard(9);
+        let paused = node.clock.paused_ms.get();
+        let first = node.ids(3, 1_025);
         assert!(first.windows(2).all(|w| w[0] < w[1]), "increasing");
-        assert_eq!(decompose(first[1_023]).unwrap(), ShardedParts { millis: 100, shard: 3, sequence: 1_023 });
-        assert_eq!(decompose(first[1_024]).unwrap(), ShardedParts { millis: 101, shard: 3, sequence: 0 }, "waited for the next ms");
-        assert_eq!(clock.paused_ms.get(), 1);
-        let other = ids(&shared, &b, &clock, &store, 9, 1);
-        assert_eq!(decompose(other[0]).unwrap(), ShardedParts { millis: 101, shard: 9, sequence: 0 }, "shard 9 has its own sequence");
+        let at = |id| decompose(id).unwrap();
+        assert_eq!(at(first[1_024]).millis, at(first[1_023]).millis + 1, "waited for the next ms");
+        assert_eq!((at(first[1_023]).sequence, at(first[1_024]).sequence), (1_023, 0));
+        assert_eq!(node.clock.paused_ms.get() - paused, 1);
+        let other = node.ids(9, 1)[0];
+        assert_eq!((at(other).shard, at(other).sequence), (9, 0), "shard 9 has its own sequence");
     }
 
     #[test]
     fn clock_rules_and_the_mark_are_the_snowflakes() {
-        let (shared, store, clock) = (SharedState::default(), MemStore::default(), FakeClock::at(5_000));
-        let state = ShardState::default();
-        ids(&shared, &state, &clock, &store, 1, 1);
-        assert_eq!(store.mark.get(), Some(EPOCH + 5_000 + RESERVE_AHEAD_MS as i64), "the mark covers the shard's stamp before it is issued");
-        clock.set(4_995);
-        let after_wait = ids(&shared, &state, &clock, &store, 1, 1)[0];
-        assert!(decompose(after_wait).unwrap().millis >= 5_000, "a 5 ms step back is waited out");
-        clock.set(4_000);
-        assert!(matches!(next_id(&shared, &state, &clock, &store, EPOCH, 1), Err(ShardError::Snowflake(SnowflakeError::ClockBehind { .. }))));
-        // A restart: every shard starts above the mark, even with the clock back.
-        let (restarted, state_after) = (SharedState::default(), ShardState::default());
-        clock.set(5_500);
-        let id = ids(&restarted, &state_after, &clock, &store, 1, 1)[0];
-        assert!(decompose(id).unwrap().millis > 6_000, "above the mark ({:?})", decompose(id));
+        let node = Node::at(5_000);
+        node.new_shard(1);
+        node.ids(1, 1);
+        assert_eq!(node.mark.mark.get(), Some(EPOCH + 5_000 + RESERVE_AHEAD_MS as i64), "the mark covers the stamp before it is issued");
+        node.clock.set(4_995);
+        assert!(decompose(node.ids(1, 1)[0]).unwrap().millis >= 5_000, "a 5 ms step back is waited out");
+        node.clock.set(4_000);
+        assert!(matches!(node.server().next_id(1, true), Err(ShardError::Snowflake(SnowflakeError::ClockBehind { .. }))));
+        // A restart keeps the acceptance, and starts above the mark.
+        let node = node.restarted();
+        node.clock.set(5_500);
+        assert!(decompose(node.ids(1, 1)[0]).unwrap().millis > 6_000);
     }
 
     #[test]
-    fn a_released_shard_issues_nothing_and_its_new_owner_starts_above_the_handover_point() {
-        let (old_shared, old_store, clock) = (SharedState::default(), MemStore::default(), FakeClock::at(10_000));
-        let old = ShardState::default();
-        let issued = ids(&old_shared, &old, &clock, &old_store, 7, 500);
-        let point = release(&old_shared, &old, &clock, &old_store, EPOCH, 7).unwrap();
+    fn a_released_shard_stays_closed_across_restarts_and_its_new_owner_starts_above_the_point() {
+        let old = Node::at(10_000);
+        old.new_shard(7);
+        let issued = old.ids(7, 500);
+        assert_eq!(old.server().release(7, true), Err(ShardError::StillListed(7)));
+        let point = old.server().release(7, false).unwrap();
         assert_eq!(point, *issued.last().unwrap(), "the exact last ID when the server has not restarted");
-        assert_eq!(next_id(&old_shared, &old, &clock, &old_store, EPOCH, 7), Err(ShardError::Released(7)));
-        assert_eq!(release(&old_shared, &old, &clock, &old_store, EPOCH, 7), Err(ShardError::Released(7)));
+        assert_eq!(old.server().release(7, false), Ok(point), "asked again, the same point");
+        assert_eq!(old.server().next_id(7, true), Err(ShardError::Released(7)));
+        let old = old.restarted();
+        assert_eq!(old.server().next_id(7, true), Err(ShardError::Released(7)), "listed again after a restart: still released");
 
         // The new owner's clock is 3 ms behind: accepting waits it out.
-        let (new_shared, new_store, new_clock) = (SharedState::default(), MemStore::default(), FakeClock::at(9_997));
-        let new = ShardState::default();
-        accept(&new_shared, &new, &new_clock, &new_store, EPOCH, 7, point).unwrap();
-        assert!(new_clock.paused_ms.get() >= 3);
-        assert!(new_store.mark.get().unwrap() >= EPOCH + 10_000, "the new owner's mark covers the point");
-        let next = ids(&new_shared, &new, &new_clock, &new_store, 7, 1)[0];
-        assert!(next > point);
+        let new = Node::at(9_997);
+        assert_eq!(new.server().next_id(7, true), Err(ShardError::NotAccepted(7)), "listed before the handover: nothing");
+        new.server().accept(7, true, point).unwrap();
+        assert!(new.clock.paused_ms.get() >= 3);
+        assert!(new.mark.mark.get().unwrap() >= EPOCH + 10_000, "the new owner's mark covers the point");
+        assert!(new.ids(7, 1)[0] > point);
         // After the new owner restarts (its clock back within the
         // reservation), still above it.
-        let (restarted, state) = (SharedState::default(), ShardState::default());
-        new_clock.set(10_500);
-        assert!(ids(&restarted, &state, &new_clock, &new_store, 7, 1)[0] > point);
+        let new = new.restarted();
+        new.clock.set(10_500);
+        assert!(new.ids(7, 1)[0] > point);
+    }
+
+    #[test]
+    fn accepting_back_a_shard_never_goes_below_what_this_server_released() {
+        let node = Node::at(30_000);
+        node.new_shard(4);
+        let last = *node.ids(4, 10).last().unwrap();
+        let point = node.server().release(4, false).unwrap();
+        node.server().accept(4, true, 0).unwrap();
+        assert!(node.ids(4, 1)[0] > point.max(last), "a handover point below this server's own release is raised to it");
+    }
+
+    #[test]
+    fn a_release_whose_record_fails_stays_closed_and_a_retry_records_the_same_point() {
+        let node = Node::at(40_000);
+        node.new_shard(6);
+        let last = *node.ids(6, 20).last().unwrap();
+        node.book.fail.set(true);
+        assert!(matches!(node.server().release(6, false), Err(ShardError::Book(_))));
+        assert_eq!(node.server().next_id(6, true), Err(ShardError::Released(6)), "closed in memory");
+        node.book.fail.set(false);
+        assert_eq!(node.server().release(6, false), Ok(last));
+        assert_eq!(node.book.load().unwrap(), vec![(6, Standing::Released(decompose_state(last)))]);
+    }
+
+    fn decompose_state(id: i64) -> u64 {
+        let p = decompose(id).unwrap();
+        (p.millis << SEQUENCE_BITS) | u64::from(p.sequence)
     }
 
     #[test]
     fn a_release_after_a_restart_hands_over_the_mark() {
-        let (shared, store, clock) = (SharedState::default(), MemStore::default(), FakeClock::at(20_000));
-        ids(&shared, &ShardState::default(), &clock, &store, 2, 10);
-        let (restarted, state) = (SharedState::default(), ShardState::default());
-        let point = release(&restarted, &state, &clock, &store, EPOCH, 2).unwrap();
-        let mark_ms = (store.mark.get().unwrap() - EPOCH) as u64;
+        let node = Node::at(20_000);
+        node.new_shard(2);
+        node.ids(2, 10);
+        let node = node.restarted();
+        let point = node.server().release(2, false).unwrap();
+        let mark_ms = (node.mark.mark.get().unwrap() - EPOCH) as u64;
         assert_eq!(decompose(point).unwrap(), ShardedParts { millis: mark_ms, shard: 2, sequence: MAX_SEQUENCE });
     }
 
     #[test]
     fn a_handover_point_far_ahead_is_refused() {
-        let (shared, store, clock) = (SharedState::default(), MemStore::default(), FakeClock::at(1_000));
+        let node = Node::at(1_000);
         let far = compose(ShardedParts { millis: 1_000 + MAX_HANDOVER_AHEAD_MS + 1, shard: 1, sequence: 0 });
-        assert!(matches!(accept(&shared, &ShardState::default(), &clock, &store, EPOCH, 1, far), Err(ShardError::HandoverAhead { .. })));
+        assert!(matches!(node.server().accept(1, true, far), Err(ShardError::HandoverAhead { .. })));
+    }
+
+    #[test]
+    fn the_book_round_trips_and_refuses_damage() {
+        let entries = vec![(0, Standing::Accepted(0)), (4_095, Standing::Released(123_456))];
+        assert_eq!(parse_book(&format_book(&entries)).unwrap(), entries);
+        assert_eq!(parse_book("").unwrap(), vec![]);
+        for bad in ["7 accepted 5", "7 accepted\n", "4096 accepted 1\n", "7 owned 1\n", "x accepted 1\n"] {
+            assert!(parse_book(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_book_file_keeps_one_standing_per_shard() {
+        let dir = std::env::temp_dir().join(format!("pgt-book-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("book");
+        let _ = std::fs::remove_file(&path);
+        let file = BookFile { path: &path };
+        assert_eq!(file.read().unwrap(), vec![]);
+        file.set(9, Standing::Accepted(5)).unwrap();
+        file.set(2, Standing::Accepted(0)).unwrap();
+        file.set(9, Standing::Released(77)).unwrap();
+        assert_eq!(file.read().unwrap(), vec![(2, Standing::Accepted(0)), (9, Standing::Released(77))]);
+        std::fs::write(&path, "9 released").unwrap();
+        assert!(file.read().unwrap_err().contains("damaged"));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -297,6 +297,12 @@ impl SharedState {
         }
     }
 
+    /// The flag of the one writer of this generator's durable files (the
+    /// mark, and the shard book of `sharded`).
+    pub(crate) fn writer_flag(&self) -> &AtomicBool {
+        &self.busy
+    }
+
     /// Free the mark-writer flag held by a process that is exiting in the
     /// middle of a write (it will never drop its guard): the caller knows
     /// it was the writer.
@@ -311,16 +317,16 @@ impl SharedState {
     }
 }
 
-struct Busy<'a>(&'a AtomicBool);
+pub(crate) struct Busy<'a>(&'a AtomicBool);
 
 impl<'a> Busy<'a> {
-    fn try_acquire(flag: &'a AtomicBool) -> Option<Self> {
+    pub(crate) fn try_acquire(flag: &'a AtomicBool) -> Option<Self> {
         flag.compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed).ok().map(|_| Busy(flag))
     }
 
     /// Wait for the flag: a few yields, then 1 ms pauses, up to
     /// `MARK_WAIT_LIMIT_MS` of them.
-    fn acquire(flag: &'a AtomicBool, clock: &impl Clock) -> Result<Self, SnowflakeError> {
+    pub(crate) fn acquire(flag: &'a AtomicBool, clock: &impl Clock) -> Result<Self, SnowflakeError> {
         const YIELDS: u32 = 16;
         let mut yields = 0;
         let mut waited_ms = 0;
@@ -566,17 +572,24 @@ impl MarkStore for FileMarkStore<'_> {
     }
 
     fn save(&self, reserved_until_unix_ms: i64) -> Result<(), String> {
-        use std::io::Write;
-        let tmp = self.path.with_extension("tmp");
-        let fail = |what: &str, e: std::io::Error| format!("cannot {what} {}: {e}", tmp.display());
-        let mut file = std::fs::File::create(&tmp).map_err(|e| fail("create", e))?;
         let IdSpace { epoch_unix_ms, machine_bits } = self.space;
-        writeln!(file, "{reserved_until_unix_ms} epoch_ms={epoch_unix_ms} machine_bits={machine_bits}").map_err(|e| fail("write", e))?;
-        file.sync_all().map_err(|e| fail("flush", e))?;
-        std::fs::rename(&tmp, &self.path).map_err(|e| fail("rename", e))?;
-        let dir = self.path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
-        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| fail("flush the directory of", e))
+        write_atomically(self.path, &format!("{reserved_until_unix_ms} epoch_ms={epoch_unix_ms} machine_bits={machine_bits}\n"))
     }
+}
+
+/// `text` as the whole of the file at `path`: written to a temporary file,
+/// flushed, renamed over the old one and the directory flushed, so a crash
+/// leaves the old or the new file.
+pub fn write_atomically(path: &std::path::Path, text: &str) -> Result<(), String> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let fail = |what: &str, e: std::io::Error| format!("cannot {what} {}: {e}", tmp.display());
+    let mut file = std::fs::File::create(&tmp).map_err(|e| fail("create", e))?;
+    file.write_all(text.as_bytes()).map_err(|e| fail("write", e))?;
+    file.sync_all().map_err(|e| fail("flush", e))?;
+    std::fs::rename(&tmp, path).map_err(|e| fail("rename", e))?;
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| fail("flush the directory of", e))
 }
 
 #[cfg(test)]

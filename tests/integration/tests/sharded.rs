@@ -1,7 +1,8 @@
 //! Sharded IDs (SPEC §15, issue #21): unique and increasing per shard
-//! across clients, a crash, a clock set back and a promotion; a shard
-//! another server owns is refused; a shard handed over never goes below its
-//! old owner's last ID.
+//! across clients, a crash, a clock set back and a promotion; a shard not
+//! listed, or listed and not accepted, is refused; a shard handed over
+//! never goes below its old owner's last ID, and a released one stays
+//! released on the old owner after a restart and on its promoted standby.
 
 use pg_ticket_integration::{sqlstate, Cluster};
 use postgres::Client;
@@ -15,6 +16,13 @@ fn ids(c: &mut Client, shard: i32, n: i32) -> Result<Vec<i64>, postgres::Error> 
 fn shard_and_millis(c: &mut Client, id: i64) -> (i32, i64) {
     let row = c.query_one("SELECT shard, (extract(epoch FROM created_at) * 1000)::bigint FROM sharded_decode($1)", &[&id]).unwrap();
     (row.get(0), row.get(1))
+}
+
+/// New shards (no server issued them before) accepted at 0.
+fn accept_new(c: &mut Client, shards: &[i32]) {
+    for shard in shards {
+        c.query_one("SELECT sharded_accept($1, 0)", &[shard]).unwrap();
+    }
 }
 
 fn reload_shards(c: &Cluster, shards: &str) {
@@ -31,7 +39,12 @@ fn reload_shards(c: &Cluster, shards: &str) {
 
 #[test]
 fn eight_clients_on_four_shards_never_share_an_id_and_each_shard_increases() {
-    let c = Cluster::start("sharded-8", 55431, &["pg_ticket.shards = '0-3'"]);
+    let c = Cluster::start("sharded-8", 55431, &["pg_ticket.shards = '0-4'"]);
+    let mut admin = c.connect();
+    let err = admin.query_one("SELECT sharded_id(0)", &[]).unwrap_err();
+    assert_eq!(sqlstate(&err), "55000", "listed but never accepted: {err}");
+    assert!(err.as_db_error().unwrap().message().contains("never accepted"), "{err}");
+    accept_new(&mut admin, &[0, 1, 2, 3]);
     let dsn = c.dsn();
     let workers: Vec<_> = (0..8)
         .map(|i| {
@@ -61,6 +74,8 @@ fn eight_clients_on_four_shards_never_share_an_id_and_each_shard_increases() {
     // Another server's shard, and shards out of range.
     for (sql, state) in [
         ("SELECT sharded_id(4)", "55000"),
+        ("SELECT sharded_id(5)", "55000"),
+        ("SELECT sharded_accept(5, 0)", "55000"),
         ("SELECT sharded_id(4096)", "22023"),
         ("SELECT sharded_id(-1)", "22023"),
         ("SELECT sharded_id(NULL)", "22004"),
@@ -72,7 +87,7 @@ fn eight_clients_on_four_shards_never_share_an_id_and_each_shard_increases() {
         let err = client.query_one(sql, &[]).unwrap_err();
         assert_eq!(sqlstate(&err), state, "{sql}: {err}");
     }
-    let err = client.query_one("SELECT sharded_id(4)", &[]).unwrap_err();
+    let err = client.query_one("SELECT sharded_id(5)", &[]).unwrap_err();
     assert!(err.as_db_error().unwrap().message().contains("pg_ticket.shards"), "{err}");
     c.stop();
 }
@@ -81,6 +96,7 @@ fn eight_clients_on_four_shards_never_share_an_id_and_each_shard_increases() {
 fn a_crash_and_a_clock_set_back_never_reissue_a_shards_ids() {
     let c = Cluster::start("sharded-crash", 55451, &["pg_ticket.shards = '7'"]);
     let mut client = c.connect();
+    accept_new(&mut client, &[7]);
     let before = ids(&mut client, 7, 5_000).unwrap();
     let max_before = *before.iter().max().unwrap();
     drop(client);
@@ -111,15 +127,21 @@ fn a_crash_and_a_clock_set_back_never_reissue_a_shards_ids() {
 
 #[test]
 fn a_promoted_standby_continues_each_shard_above_the_primary() {
-    let primary = Cluster::start("sharded-primary", 55452, &["pg_ticket.shards = '1-2'"]);
+    let primary = Cluster::start("sharded-primary", 55452, &["pg_ticket.shards = '1-3'"]);
     let mut p = primary.connect();
+    accept_new(&mut p, &[1, 2, 3]);
     let mut issued = ids(&mut p, 1, 3_000).unwrap();
-    let standby = primary.standby("sharded-standby", 55471, &["pg_ticket.shards = '1-2'"]);
+    let standby = primary.standby("sharded-standby", 55471, &["pg_ticket.shards = '1-3'"]);
     let mut s = standby.connect_when_ready();
     let err = ids(&mut s, 1, 1).unwrap_err();
     assert_eq!(sqlstate(&err), "25006", "a hot standby issues none: {err}");
     issued.extend(ids(&mut p, 1, 3_000).unwrap());
     issued.extend(ids(&mut p, 2, 3_000).unwrap());
+    // Shard 3 leaves the primary (its new owner is elsewhere): released in
+    // WAL, so the standby has it released too, whatever its settings say.
+    reload_shards(&primary, "1-2");
+    let mut p = primary.connect();
+    p.query_one("SELECT sharded_release(3)", &[]).unwrap();
     p.batch_execute("SELECT next_scoped_id('replayed', 'x')").unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while s.query_one("SELECT current_scoped_id('replayed', 'x')", &[]).unwrap().get::<_, i64>(0) < 1 {
@@ -135,6 +157,9 @@ fn a_promoted_standby_continues_each_shard_above_the_primary() {
         let after = ids(&mut s, shard, 1_000).unwrap();
         assert!(after.iter().all(|id| *id > max_primary), "shard {shard} after promotion repeats or precedes the old primary's");
     }
+    let err = ids(&mut s, 3, 1).unwrap_err();
+    assert_eq!(sqlstate(&err), "55000", "the promoted standby issued a shard its primary released: {err}");
+    assert!(err.as_db_error().unwrap().message().contains("released"), "{err}");
     standby.stop();
 }
 
@@ -143,6 +168,7 @@ fn a_shard_handed_over_never_goes_below_its_old_owners_last_id() {
     let old = Cluster::start("sharded-old", 55490, &["pg_ticket.shards = '0-7'"]);
     let new = Cluster::start("sharded-new", 55499, &["pg_ticket.shards = '8-15'"]);
     let mut o = old.connect();
+    accept_new(&mut o, &[5]);
     let issued = ids(&mut o, 5, 5_000).unwrap();
     let last = *issued.iter().max().unwrap();
     let err = o.query_one("SELECT sharded_release(5)", &[]).unwrap_err();
@@ -152,14 +178,26 @@ fn a_shard_handed_over_never_goes_below_its_old_owners_last_id() {
     let mut o = old.connect();
     let point: i64 = o.query_one("SELECT sharded_release(5)", &[]).unwrap().get(0);
     assert_eq!(point, last, "the handover point is the last ID issued");
+    let again: i64 = o.query_one("SELECT sharded_release(5)", &[]).unwrap().get(0);
+    assert_eq!(again, point, "a lost answer is asked again");
     let err = ids(&mut o, 5, 1).unwrap_err();
     assert_eq!(sqlstate(&err), "55000", "{err}");
+    // Listed again and restarted, the old owner still refuses it.
+    drop(o);
+    reload_shards(&old, "0-7");
+    old.stop_with("immediate");
+    old.up(None);
+    let mut o = old.connect_when_ready();
+    let err = ids(&mut o, 5, 1).unwrap_err();
+    assert_eq!(sqlstate(&err), "55000", "a released shard issued again after a restart: {err}");
 
     let mut n = new.connect();
     let err = n.query_one("SELECT sharded_accept(5, $1)", &[&point]).unwrap_err();
     assert_eq!(sqlstate(&err), "55000", "accepted a shard not in pg_ticket.shards: {err}");
     reload_shards(&new, "5,8-15");
     let mut n = new.connect();
+    let err = ids(&mut n, 5, 1).unwrap_err();
+    assert_eq!(sqlstate(&err), "55000", "listed on the new owner before the handover: {err}");
     let err = n.query_one("SELECT sharded_accept(5, $1)", &[&(point + 1024)]).unwrap_err();
     assert_eq!(sqlstate(&err), "22023", "another shard's ID as the handover point: {err}");
     let first: i64 = n.query_one("SELECT sharded_accept(5, $1)", &[&point]).unwrap().get(0);
