@@ -56,10 +56,28 @@ impl Server {
     }
 
     /// Start it (again) under its clock file, retrying while a killed
-    /// server's processes let go of its shared memory: at most 60 s.
+    /// server's processes let go of its shared memory: at most 60 s. After
+    /// 10 s, processes of this data directory that outlived their
+    /// postmaster are killed, as an operator would: a backend waiting on an
+    /// LWLock whose holder was SIGKILLed while the postmaster was already
+    /// gone waits for ever (PostgreSQL resets shared memory only from a
+    /// live postmaster), and holds the old segment (seen in a 60-minute
+    /// soak: p2 never came back).
     pub fn up(&self) -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let started = Instant::now();
+        let deadline = started + Duration::from_secs(60);
+        let mut orphans_killed = false;
         loop {
+            if !orphans_killed && started.elapsed() > Duration::from_secs(10) && !self.running() {
+                orphans_killed = true;
+                let orphans = self.orphans();
+                for pid in &orphans {
+                    unsafe { libc::kill(*pid, libc::SIGKILL) };
+                }
+                if !orphans.is_empty() {
+                    eprintln!("nemesis: {}: killed {} process(es) that outlived its postmaster: {orphans:?}", self.name, orphans.len());
+                }
+            }
             let status = Command::new(repo_root().join("scripts/cluster.sh"))
                 .arg("up")
                 .arg(&self.dir)
@@ -76,6 +94,23 @@ impl Server {
             }
             std::thread::sleep(Duration::from_millis(300));
         }
+    }
+
+    /// Processes whose working directory is this data directory and whose
+    /// parent is init: a dead postmaster's children.
+    fn orphans(&self) -> Vec<i32> {
+        let data = self.data().canonicalize().unwrap_or_else(|_| self.data());
+        let Ok(entries) = std::fs::read_dir("/proc") else { return vec![] };
+        entries
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == data))
+            .filter(|pid| {
+                std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                    .ok()
+                    .and_then(|stat| stat.rsplit_once(") ").and_then(|(_, rest)| rest.split(' ').nth(1)?.parse::<i32>().ok()))
+                    == Some(1)
+            })
+            .collect()
     }
 
     pub fn stop(&self, mode: &str) {
