@@ -148,6 +148,9 @@ impl ShardBook for WalShardBook {
     }
 
     fn record(&self, shard: u16, standing: Standing) -> Result<(), String> {
+        // A damaged book is refused before anything is logged: a record it
+        // could not be applied to would be replayed at the next start.
+        book_file().read()?;
         let mut bytes = [0u8; SHARD_RECORD_LEN];
         bytes[..2].copy_from_slice(&shard.to_le_bytes());
         let (kind, point) = match standing {
@@ -159,7 +162,7 @@ impl ShardBook for WalShardBook {
         logged_write(XLOG_SHARD, &bytes, || book_file().set(shard, standing)).map_err(|e| match e {
             LoggedWriteError::File(e) => e,
             LoggedWriteError::NotReplicated => format!(
-                "the synchronous standbys did not confirm the new standing of shard {shard} (the wait was cancelled or the session is ending)"
+                "the synchronous standbys did not confirm the shard book's new standing of shard {shard} (the wait was cancelled or the session is ending)"
             ),
         })
     }
@@ -255,8 +258,12 @@ unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
             pgrx::error!("pg_ticket: a shard book WAL record of the wrong form");
         };
         // The primary's word: the standing it recorded replaces this one's.
-        if let Err(e) = book_file().set(shard, standing) {
-            pgrx::error!("pg_ticket: cannot write the shard book while replaying WAL: {e}");
+        match book_file().set_replacing_damage(shard, standing) {
+            Ok(false) => {}
+            Ok(true) => pgrx::warning!(
+                "pg_ticket: the shard book {SHARD_BOOK_FILE} was damaged: moved aside, and started anew from the WAL record of shard {shard}; the shards it named are refused until accepted again"
+            ),
+            Err(e) => pgrx::error!("pg_ticket: cannot write the shard book while replaying WAL: {e}"),
         }
         return;
     }
@@ -279,7 +286,8 @@ unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
 unsafe extern "C-unwind" fn desc(buf: pg_sys::StringInfo, record: *mut pg_sys::XLogReaderState) {
     let text = if record_info(record) == XLOG_SHARD {
         match record_shard(record) {
-            Some((shard, standing)) => format!("shard {shard} {standing:?}"),
+            Some((shard, Standing::Accepted(p))) => format!("shard {shard} accepted above ms {} sequence {}", p >> 10, p & 1023),
+            Some((shard, Standing::Released(p))) => format!("shard {shard} released at ms {} sequence {}", p >> 10, p & 1023),
             None => "shard standing (malformed)".to_string(),
         }
     } else {

@@ -61,7 +61,7 @@ pub enum ShardError {
     NotListed(u16),
     #[error("shard {0} is still in pg_ticket.shards here: remove it and reload before releasing it")]
     StillListed(u16),
-    #[error("the shard book {0}")]
+    #[error("{0}")]
     Book(String),
     #[error("the handover point of shard {shard} is {ahead_ms} ms ahead of this server's clock, more than {MAX_HANDOVER_AHEAD_MS} ms: fix the clocks first")]
     HandoverAhead { shard: u16, ahead_ms: u64 },
@@ -194,7 +194,27 @@ impl BookFile<'_> {
 
     /// `shard`'s standing replaced, the whole file written anew atomically.
     pub fn set(&self, shard: u16, standing: Standing) -> Result<(), String> {
-        let mut entries: Vec<_> = self.read()?.into_iter().filter(|(s, _)| *s != shard).collect();
+        self.write_with(self.read()?, shard, standing)
+    }
+
+    /// For WAL replay, where a record is the primary's word and must not
+    /// stop recovery: a damaged file is moved aside (`.damaged`) and the
+    /// book started anew with this record. Every shard it no longer names
+    /// is refused until accepted again — the safe side. True if it was.
+    pub fn set_replacing_damage(&self, shard: u16, standing: Standing) -> Result<bool, String> {
+        match self.read() {
+            Ok(entries) => self.write_with(entries, shard, standing).map(|()| false),
+            Err(why) if why.contains("is damaged") => {
+                let aside = self.path.with_extension("damaged");
+                std::fs::rename(self.path, &aside).map_err(|e| format!("cannot move {} aside: {e}", self.path.display()))?;
+                self.write_with(Vec::new(), shard, standing).map(|()| true)
+            }
+            Err(other) => Err(other),
+        }
+    }
+
+    fn write_with(&self, entries: Vec<(u16, Standing)>, shard: u16, standing: Standing) -> Result<(), String> {
+        let mut entries: Vec<_> = entries.into_iter().filter(|(s, _)| *s != shard).collect();
         entries.push((shard, standing));
         entries.sort_by_key(|(s, _)| *s);
         snowflake::write_atomically(self.path, &format_book(&entries))
@@ -391,7 +411,15 @@ impl<C: Clock, M: MarkStore, B: ShardBook> Server<'_, C, M, B> {
             };
             let last = state.last.load(Ordering::Acquire);
             let point = ((parts.millis << SEQUENCE_BITS) | u64::from(parts.sequence)).max(own).max(if last == CLOSED { 0 } else { last });
-            self.book.record(shard, Standing::Accepted(point)).map_err(ShardError::Book)?;
+            // The point as raised may lie ahead too (this server's own
+            // release, under a clock set back since): refused, not waited.
+            if point >> SEQUENCE_BITS > now_ms + MAX_HANDOVER_AHEAD_MS {
+                return Err(ShardError::HandoverAhead { shard, ahead_ms: (point >> SEQUENCE_BITS) - now_ms });
+            }
+            // In memory before the record: once the record is in WAL it
+            // may take effect at a restart or on a standby whatever comes
+            // next, so a failure below (a cancelled standby wait) leaves
+            // it in effect here too, and says so; a retry records it again.
             state.standing.store(pack(Standing::Accepted(point)), Ordering::Release);
             let mut current = state.last.load(Ordering::Acquire);
             loop {
@@ -401,6 +429,9 @@ impl<C: Clock, M: MarkStore, B: ShardBook> Server<'_, C, M, B> {
                     Err(seen) => current = seen,
                 }
             }
+            self.book.record(shard, Standing::Accepted(point)).map_err(|e| {
+                ShardError::Book(format!("{e}; shard {shard} is accepted here all the same (call sharded_accept again to record it)"))
+            })?;
             point
         };
         // Returns once the clock can issue above the point.
@@ -577,6 +608,30 @@ mod tests {
         assert_eq!(node.book.load().unwrap(), vec![(6, Standing::Released(decompose_state(last)))]);
     }
 
+    #[test]
+    fn an_accept_whose_record_fails_is_in_effect_here_and_says_so() {
+        let node = Node::at(50_000);
+        node.book.fail.set(true);
+        let err = node.server().accept(8, true, 0).unwrap_err();
+        assert!(matches!(&err, ShardError::Book(why) if why.contains("accepted here all the same")), "{err:?}");
+        assert!(node.server().next_id(8, true).is_ok(), "as the WAL record may make it at a restart");
+        node.book.fail.set(false);
+        node.server().accept(8, true, 0).unwrap();
+        assert!(matches!(node.book.load().unwrap()[..], [(8, Standing::Accepted(_))]));
+    }
+
+    #[test]
+    fn an_accept_raised_far_ahead_by_this_servers_own_release_is_refused_not_waited() {
+        let node = Node::at(200_000);
+        node.new_shard(5);
+        node.ids(5, 1);
+        node.server().release(5, false).unwrap();
+        node.clock.set(100_000); // set back 100 s
+        let paused = node.clock.paused_ms.get();
+        assert!(matches!(node.server().accept(5, true, 0), Err(ShardError::HandoverAhead { .. })));
+        assert_eq!(node.clock.paused_ms.get(), paused, "no wait");
+    }
+
     fn decompose_state(id: i64) -> u64 {
         let p = decompose(id).unwrap();
         (p.millis << SEQUENCE_BITS) | u64::from(p.sequence)
@@ -624,6 +679,10 @@ mod tests {
         assert_eq!(file.read().unwrap(), vec![(2, Standing::Accepted(0)), (9, Standing::Released(77))]);
         std::fs::write(&path, "9 released").unwrap();
         assert!(file.read().unwrap_err().contains("damaged"));
+        assert!(file.set(1, Standing::Accepted(0)).is_err(), "a damaged book is not written over");
+        assert_eq!(file.set_replacing_damage(1, Standing::Accepted(3)), Ok(true), "replay moves it aside");
+        assert_eq!(file.read().unwrap(), vec![(1, Standing::Accepted(3))]);
+        assert_eq!(std::fs::read_to_string(path.with_extension("damaged")).unwrap(), "9 released");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
