@@ -151,6 +151,9 @@ impl TicketError {
             TicketError::Lease(LeaseError::NoneFree { .. }) => {
                 Some("Release ids no longer used, let dead holders' leases expire, or widen pg_ticket.lease_ids.")
             }
+            TicketError::Sharded(ShardError::Book(_)) => Some(
+                "The shard book pg_ticket_shards.book in the data directory says which shards this server accepted and released. A damaged one: stop the server and restore the file from a backup or the server's WAL (a standby's copy), or remove it and sharded_accept() each shard again above its last ID.",
+            ),
             TicketError::Sharded(ShardError::NotListed(_)) => Some(
                 "Add it to pg_ticket.shards and reload, then sharded_accept() it; a shard another server owned is taken over with sharded_release() there and sharded_accept() here.",
             ),

@@ -83,11 +83,15 @@ fn sharded_release(shard: Option<i32>) -> i64 {
 /// and reloading: issue the shard here, only above `handover_id` (its old
 /// owner's `sharded_release()`; 0 for a shard no server issued before),
 /// here and after a restart or failover. Waits until this server's clock
-/// has passed it (at most 11 s). Returns the shard's first ID here.
+/// has passed it (at most 11 s). Returns the shard's first ID here. Not
+/// transactional, like `sharded_release()`: in effect once called, whatever
+/// becomes of the call or its transaction (an error, a cancel, a rollback).
 #[pg_extern(volatile, parallel_unsafe)]
 fn sharded_accept(shard: Option<i32>, handover_id: Option<i64>) -> i64 {
     postgres_errors_as_raised(|| {
         let shard = shard_arg(shard, "sharded_accept");
+        // It issues the shard's first ID: in this database's ID space only.
+        super::space::check_database().or_raise();
         let handover_id = required("handover_id", handover_id);
         let point = layout::decompose(handover_id).or_raise();
         if handover_id != 0 && point.shard != shard {

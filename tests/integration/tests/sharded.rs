@@ -219,3 +219,25 @@ fn a_shard_handed_over_never_goes_below_its_old_owners_last_id() {
     old.stop();
     new.stop();
 }
+
+/// Review of #21 (helper 14): an accept issues the shard's first ID, so a
+/// database whose recorded ID space is another server's (a restored dump)
+/// refuses it as it refuses sharded_id(), and accepts nothing.
+#[test]
+fn an_accept_in_a_database_of_another_id_space_is_refused_and_accepts_nothing() {
+    let c = Cluster::start("sharded-space", 55525, &["pg_ticket.shards = '0-3'"]);
+    let mut restored = c.fresh_db("restored");
+    restored
+        .batch_execute("INSERT INTO pgticket.id_space (epoch_ms, machine_bits) VALUES (1780272000000, 10)")
+        .unwrap();
+    let err = restored.query_one("SELECT sharded_accept(2, 0)", &[]).unwrap_err();
+    assert_eq!(sqlstate(&err), "55000", "{err}");
+    assert!(err.as_db_error().unwrap().message().contains("this database (pgticket.id_space"), "{err}");
+    let mut admin = c.connect();
+    let err = admin.query_one("SELECT sharded_id(2)", &[]).unwrap_err();
+    assert!(err.as_db_error().unwrap().message().contains("never accepted"), "the refused accept accepted: {err}");
+    accept_new(&mut admin, &[2]);
+    let first = ids(&mut admin, 2, 1).unwrap()[0];
+    assert_eq!(shard_and_millis(&mut admin, first).0, 2);
+    c.stop();
+}
