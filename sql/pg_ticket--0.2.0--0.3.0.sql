@@ -78,6 +78,10 @@ REVOKE ALL ON pgticket.prepared_holders FROM PUBLIC;
 -- server ran (a database copied, a dump restored) was first seen: it is not
 -- transactional (the refusal that sees it rolls back) and not dumped.
 ALTER TABLE pgticket.machine_id_leases ADD COLUMN secret_hash bytea, ADD COLUMN margin_ms bigint;
+-- 0.3.0: a registry leases ids up to its pg_ticket.machine_bits (at most
+-- 16): the check is the widest layout's, the setting the registry's own.
+ALTER TABLE pgticket.machine_id_leases DROP CONSTRAINT machine_id_leases_machine_id_check,
+    ADD CONSTRAINT machine_id_leases_machine_id_check CHECK (machine_id BETWEEN 0 AND 65535);
 ALTER TABLE pgticket.lease_registry ADD COLUMN started_at timestamptz,
     ADD COLUMN max_ttl_ms bigint NOT NULL DEFAULT 0, ADD COLUMN margin_ms bigint NOT NULL DEFAULT 0;
 CREATE SEQUENCE pgticket.lease_registry_seen;
@@ -127,7 +131,8 @@ CREATE FUNCTION "lease_machine_id"(
 	"secret" TEXT,
 	"not_before_ms" bigint,
 	"expires_at" timestamp with time zone,
-	"epoch_ms" bigint
+	"epoch_ms" bigint,
+	"machine_bits" INT
 )
 VOLATILE PARALLEL UNSAFE
 LANGUAGE c
@@ -177,8 +182,8 @@ COMMENT ON VIEW pgticket.machine_leases IS
 -- 0.3.0: the snowflake ID space (epoch, machine bits) is recorded with the
 -- database's state at its first snowflake or lease, so a dump restored onto
 -- a server set for another space refuses snowflake_id() and leases there
--- (SPEC §13.10). Nothing is recorded by the update: 0.2.0 recorded no
--- space, and the first use after it records the server's.
+-- (SPEC §13.10). 0.2.0 recorded no space: the first use after the update
+-- records the server's (but see a registry's below).
 CREATE FUNCTION "snowflake_id_space"() RETURNS TABLE (
 	"epoch_ms" bigint,
 	"machine_bits" INT
@@ -202,6 +207,12 @@ ALTER TABLE pgticket.id_space ENABLE ALWAYS TRIGGER changed;
 SELECT pg_catalog.pg_extension_config_dump('pgticket.id_space', '');
 REVOKE ALL ON pgticket.id_space FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgticket.id_space_changed() FROM PUBLIC;
+-- One thing is known of a 0.2.0 registry that leased: its holders stamp in
+-- 0.2.0's one layout, 10 machine bits (the epoch is the one configured, as
+-- a first use would record it). Recorded, so that a registry set for more
+-- pg_ticket.machine_bits refuses to lease into a fleet of 0.2.0 holders.
+INSERT INTO pgticket.id_space (epoch_ms, machine_bits)
+    SELECT s.epoch_ms, 10 FROM snowflake_id_space() s WHERE EXISTS (SELECT FROM pgticket.machine_id_leases);
 
 -- 0.3.0: how many scopes, ticket scopes and block names each role created
 -- (pg_ticket.max_scopes_per_role caps it), in a few rows per role so that
@@ -241,7 +252,8 @@ CREATE FUNCTION "ticket_machine_id_source"() RETURNS TEXT
 STRICT VOLATILE PARALLEL SAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'ticket_machine_id_source_wrapper';
-CREATE OR REPLACE VIEW pgticket.status AS SELECT s.*, ticket_machine_id_source() AS machine_id_source FROM ticket_status() s;
+CREATE OR REPLACE VIEW pgticket.status AS SELECT s.*, ticket_machine_id_source() AS machine_id_source,
+    (SELECT machine_bits FROM snowflake_id_space()) AS machine_bits FROM ticket_status() s;
 
 -- 0.3.0: number_rows() creates the assign_scoped_id() / assign_ticket()
 -- trigger with its arguments checked at once (the trigger checks them only

@@ -41,7 +41,7 @@ CREATE TABLE pgticket.tickets (
 -- database the registry has served as since when (a restore or promotion
 -- shows as another identity: the registry then holds off, SPEC §8 rule 7).
 CREATE TABLE pgticket.machine_id_leases (
-    machine_id integer PRIMARY KEY CHECK (machine_id BETWEEN 0 AND 1023),
+    machine_id integer PRIMARY KEY CHECK (machine_id BETWEEN 0 AND 65535),
     holder text NOT NULL,
     lease bigint NOT NULL,
     leased_at timestamptz NOT NULL,

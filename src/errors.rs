@@ -86,7 +86,10 @@ impl TicketError {
             TicketError::Sharded(ShardError::Book(_)) => ERRCODE_IO_ERROR,
             TicketError::Sharded(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             TicketError::Snowflake(
-                SnowflakeError::NegativeId(_) | SnowflakeError::MachineOutOfRange(_) | SnowflakeError::TimeOutOfRange { .. },
+                SnowflakeError::NegativeId(_)
+                | SnowflakeError::MachineOutOfRange { .. }
+                | SnowflakeError::MachineBitsOutOfRange(_)
+                | SnowflakeError::TimeOutOfRange { .. },
             ) => {
                 ERRCODE_INVALID_PARAMETER_VALUE
             }
@@ -107,7 +110,7 @@ impl TicketError {
             TicketError::Lease(
                 LeaseError::BadTtl { .. }
                 | LeaseError::TtlOverMax { .. }
-                | LeaseError::BadIdList(_)
+                | LeaseError::BadIdList { .. }
                 | LeaseError::BadSecret
                 | LeaseError::LastIssuedTooLate { .. },
             ) => {

@@ -20,12 +20,13 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use ticket_core::epoch::parse_epoch_ms;
 use ticket_core::sharded::parse_shard_list;
 use ticket_core::leases::parse_id_list;
-use ticket_core::snowflake::check_machine_id;
+use ticket_core::snowflake::Layout;
 use ticket_core::tickets::Series;
 
 const DEFAULT_EPOCH_UNIX_MS: i64 = 1_767_225_600_000;
 
 static MACHINE_ID: GucSetting<i32> = GucSetting::<i32>::new(0);
+static MACHINE_BITS: GucSetting<i32> = GucSetting::<i32>::new(Layout::DEFAULT.machine_bits() as i32);
 static EPOCH: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"2026-01-01"));
 static DURABLE_COMMIT: GucSetting<bool> = GucSetting::<bool>::new(true);
 static MAX_TRANSACTION_ENTRIES: GucSetting<i32> = GucSetting::<i32>::new(100_000);
@@ -56,6 +57,7 @@ static LEASE_IDS_REFUSED: AtomicBool = AtomicBool::new(false);
 static MACHINE_ID_DEFAULT: AtomicBool = AtomicBool::new(false);
 static EPOCH_UNIX_MS: AtomicI64 = AtomicI64::new(DEFAULT_EPOCH_UNIX_MS);
 static MACHINE: AtomicI64 = AtomicI64::new(0);
+static LAYOUT_MACHINE_BITS: AtomicI64 = AtomicI64::new(Layout::DEFAULT.machine_bits() as i64);
 static TICKET_SERIES: AtomicI64 = AtomicI64::new(1 << 32 | 1);
 /// Largest ticket increment (and offset).
 const TICKET_SERIES_MAX: i64 = 1_000_000;
@@ -163,7 +165,8 @@ pub fn init() -> Option<Preloaded> {
             None,
         );
     }
-    if let Some(Err(e)) = lease_ids_configured.as_deref().map(parse_id_list) {
+    let registry_layout = registry_layout().unwrap_or_else(|e| pgrx::error!("{e}"));
+    if let Some(Err(e)) = lease_ids_configured.as_deref().map(|text| parse_id_list(text, registry_layout)) {
         if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
             pgrx::error!("pg_ticket.lease_ids: {e}");
         }
@@ -174,6 +177,8 @@ pub fn init() -> Option<Preloaded> {
         return None;
     }
 
+    // This server's layout: the configured one, checked above.
+    let layout = registry_layout;
     let machine_id = match raw_setting(c"pg_ticket.machine_id") {
         None => {
             // Not an error (an update must not stop a running server), but
@@ -184,7 +189,7 @@ pub fn init() -> Option<Preloaded> {
             );
             MachineId::Fixed(0)
         }
-        Some(text) => parse_machine_id(&text).unwrap_or_else(|e| pgrx::error!("pg_ticket.machine_id: {e}")),
+        Some(text) => parse_machine_id(&text, layout).unwrap_or_else(|e| pgrx::error!("pg_ticket.machine_id: {e}")),
     };
     if machine_id == MachineId::Leased && raw_setting(c"pg_ticket.registry").is_none_or(|r| r.trim().is_empty()) {
         pgrx::error!("pg_ticket.machine_id: -1 (lease one) needs pg_ticket.registry, a connection string to the registry database");
@@ -209,13 +214,30 @@ pub fn init() -> Option<Preloaded> {
         Some(text) => parse_epoch_ms(&text).unwrap_or_else(|e| pgrx::error!("pg_ticket.epoch: {e}")),
     };
 
+    // The check hook reads it.
+    LAYOUT_MACHINE_BITS.store(i64::from(layout.machine_bits()), Ordering::Relaxed);
+    unsafe {
+        GucRegistry::define_int_guc_with_hooks(
+            c"pg_ticket.machine_id",
+            c"Machine id (0-1023, or up to the last of pg_ticket.machine_bits) stamped into every snowflake_id() of this server; -1: lease one from pg_ticket.registry at every start.",
+            c"Servers issuing snowflake IDs into one keyspace must each have a different machine id.",
+            &MACHINE_ID,
+            -1,
+            i32::from(Layout::new(i64::from(Layout::MAX_MACHINE_BITS)).expect("the widest layout").max_machine_id()),
+            GucContext::Postmaster,
+            GucFlags::default(),
+            Some(check_machine_id_setting),
+            None,
+            None,
+        );
+    }
     GucRegistry::define_int_guc(
-        c"pg_ticket.machine_id",
-        c"Machine id (0-1023) stamped into every snowflake_id() of this server; -1: lease one from pg_ticket.registry at every start.",
-        c"Servers issuing snowflake IDs into one keyspace must each have a different machine id.",
-        &MACHINE_ID,
-        -1,
-        i32::from(ticket_core::snowflake::MAX_MACHINE_ID),
+        c"pg_ticket.machine_bits",
+        c"Bits of a snowflake ID for the machine id (10-16); the rest of the 22 below the timestamp is the sequence.",
+        c"Fixed once IDs are stamped: a server whose mark or database records another value refuses to start or stamp. More bits give more machine ids (for fleets that churn through leases) and fewer IDs per machine per millisecond.",
+        &MACHINE_BITS,
+        Layout::MIN_MACHINE_BITS as i32,
+        Layout::MAX_MACHINE_BITS as i32,
         GucContext::Postmaster,
         GucFlags::default(),
     );
@@ -383,12 +405,12 @@ pub enum MachineId {
     Leased,
 }
 
-fn parse_machine_id(text: &str) -> Result<MachineId, String> {
+fn parse_machine_id(text: &str, layout: Layout) -> Result<MachineId, String> {
     let number = parse_int_as_postgres(text).ok_or_else(|| format!("{text:?} is not a whole number"))?;
     if number == -1 {
         return Ok(MachineId::Leased);
     }
-    check_machine_id(number).map(MachineId::Fixed).map_err(|e| format!("{e} (or -1 to lease one)"))
+    layout.check_machine_id(number).map(MachineId::Fixed).map_err(|e| format!("{e} (or -1 to lease one)"))
 }
 
 /// A string setting's check hook around `parse`: a bad value is refused
@@ -402,11 +424,27 @@ unsafe fn check_string(newval: *mut *mut c_char, null_ok: bool, parse: impl Fn(&
     let text = if value.is_null() { String::new() } else { unsafe { CStr::from_ptr(value) }.to_string_lossy().into_owned() };
     match parse(&text) {
         Ok(()) => true,
-        Err(e) => {
-            let detail = CString::new(e).unwrap_or_default();
-            unsafe { pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr()) };
-            false
-        }
+        Err(e) => refuse_with_detail(e),
+    }
+}
+
+/// A check hook's refusal, with `why` as the error's detail.
+fn refuse_with_detail(why: String) -> bool {
+    let detail = CString::new(why).unwrap_or_default();
+    unsafe { pg_sys::GUC_check_errdetail_string = pg_sys::pstrdup(detail.as_ptr()) };
+    false
+}
+
+/// A machine id beyond this server's layout is refused when set (ALTER
+/// SYSTEM: 22023), not at the next start. Against the layout running: to
+/// use more machine bits, set pg_ticket.machine_bits and restart first, or
+/// set both in postgresql.conf.
+#[pg_guard]
+unsafe extern "C-unwind" fn check_machine_id_setting(newval: *mut i32, _extra: *mut *mut c_void, _source: pg_sys::GucSource::Type) -> bool {
+    let value = i64::from(unsafe { *newval });
+    match layout().check_machine_id(value) {
+        Err(e) if value != -1 => refuse_with_detail(format!("{e} (pg_ticket.machine_bits = {}), or -1 to lease one", layout().machine_bits())),
+        _ => true,
     }
 }
 
@@ -468,7 +506,7 @@ unsafe extern "C-unwind" fn assign_lease_ids(_newval: *const c_char, _extra: *mu
 
 #[pg_guard]
 unsafe extern "C-unwind" fn check_lease_ids(newval: *mut *mut c_char, _extra: *mut *mut c_void, _source: pg_sys::GucSource::Type) -> bool {
-    unsafe { check_string(newval, false, |text| parse_id_list(text).map(|_| ()).map_err(|e| e.to_string())) }
+    unsafe { check_string(newval, false, |text| parse_id_list(text, registry_layout()?).map(|_| ()).map_err(|e| e.to_string())) }
 }
 
 pub fn lease_margin_ms() -> i64 {
@@ -488,7 +526,8 @@ pub fn lease_ids() -> Result<Vec<u16>, crate::errors::TicketError> {
         ));
     }
     let text = LEASE_IDS.get().map(|c| c.to_string_lossy().into_owned()).unwrap_or_default();
-    Ok(parse_id_list(&text).unwrap_or_else(|e| pgrx::error!("pg_ticket.lease_ids: {e}")))
+    let layout = registry_layout().map_err(crate::errors::TicketError::BadConfiguration)?;
+    Ok(parse_id_list(&text, layout).unwrap_or_else(|e| pgrx::error!("pg_ticket.lease_ids: {e}")))
 }
 
 /// The ID space's epoch for a registry: this server's snowflake epoch, or,
@@ -497,16 +536,36 @@ pub fn registry_epoch_unix_ms() -> i64 {
     if preloaded() {
         return epoch_unix_ms();
     }
-    // The value the configuration gives (its reset value), not one a
-    // session SET on the placeholder: any role can set a placeholder.
-    let configured = raw_setting(c"pg_ticket.epoch").and_then(|_| {
-        let reset = unsafe { pg_sys::GetConfigOptionResetString(c"pg_ticket.epoch".as_ptr()) };
-        (!reset.is_null()).then(|| unsafe { CStr::from_ptr(reset) }.to_string_lossy().into_owned())
-    });
-    match configured.filter(|text| !text.is_empty()) {
+    match configured(c"pg_ticket.epoch") {
         None => DEFAULT_EPOCH_UNIX_MS,
         Some(text) => parse_epoch_ms(&text).unwrap_or_else(|e| pgrx::error!("pg_ticket.epoch: {e}")),
     }
+}
+
+/// The layout for a registry: this server's, or, without preloading (and
+/// while preloading, before it is defined), the configured one.
+pub fn registry_layout() -> Result<Layout, String> {
+    if preloaded() {
+        return Ok(layout());
+    }
+    match configured(c"pg_ticket.machine_bits") {
+        None => Ok(Layout::DEFAULT),
+        Some(text) => parse_int_as_postgres(&text)
+            .ok_or_else(|| format!("{text:?} is not a whole number"))
+            .and_then(|bits| Layout::new(bits).map_err(|e| e.to_string()))
+            .map_err(|e| format!("pg_ticket.machine_bits: {e}")),
+    }
+}
+
+/// The value the configuration gives a setting this backend has not
+/// defined (its placeholder's reset value), not one a session SET on the
+/// placeholder: any role can set a placeholder.
+fn configured(name: &CStr) -> Option<String> {
+    raw_setting(name)?;
+    let reset = unsafe { pg_sys::GetConfigOptionResetString(name.as_ptr()) };
+    (!reset.is_null())
+        .then(|| unsafe { CStr::from_ptr(reset) }.to_string_lossy().into_owned())
+        .filter(|text| !text.is_empty())
 }
 
 /// The machine id this server stamps into snowflake_id(), if it can issue any.
@@ -523,6 +582,11 @@ pub fn preloaded() -> bool {
 
 pub fn epoch_unix_ms() -> i64 {
     EPOCH_UNIX_MS.load(Ordering::Relaxed)
+}
+
+/// This server's snowflake layout (`pg_ticket.machine_bits`).
+pub fn layout() -> Layout {
+    Layout::new(LAYOUT_MACHINE_BITS.load(Ordering::Relaxed)).unwrap_or_default()
 }
 
 /// Where the machine id comes from, for `pgticket.status`.

@@ -158,12 +158,13 @@ fn reset_ticket_status() {
 
 extension_sql!(
     r#"
-CREATE VIEW pgticket.status AS SELECT s.*, ticket_machine_id_source() AS machine_id_source FROM ticket_status() s;
+CREATE VIEW pgticket.status AS SELECT s.*, ticket_machine_id_source() AS machine_id_source,
+    (SELECT machine_bits FROM snowflake_id_space()) AS machine_bits FROM ticket_status() s;
 COMMENT ON VIEW pgticket.status IS
     'pg_ticket on this server: snowflake identity and clock, refusals and waits since start';
 GRANT SELECT ON pgticket.status TO PUBLIC;
 REVOKE EXECUTE ON FUNCTION reset_ticket_status() FROM PUBLIC;
 "#,
     name = "status_view",
-    requires = [ticket_status, ticket_machine_id_source, reset_ticket_status, "schema"]
+    requires = [ticket_status, ticket_machine_id_source, reset_ticket_status, "id_space", "schema"]
 );

@@ -21,6 +21,7 @@ use crate::errors::{postgres_errors_as_raised, OrRaise, TicketError};
 use ticket_core::leases;
 use crate::names::Name;
 use crate::snowflake::timestamptz_or_error;
+use crate::settings;
 
 /// A ttl in ms; months count as 30 days (anything that long is refused).
 fn ttl_ms(ttl: Option<Interval>) -> i64 {
@@ -31,12 +32,13 @@ fn ttl_ms(ttl: Option<Interval>) -> i64 {
 
 fn machine_id_arg(machine_id: Option<i32>) -> u16 {
     let id = required("machine_id", machine_id);
-    ticket_core::snowflake::check_machine_id(i64::from(id)).or_raise()
+    let layout = settings::registry_layout().unwrap_or_else(|e| pgrx::error!("{e}"));
+    layout.check_machine_id(i64::from(id)).or_raise()
 }
 
 /// Lease a machine id for `ttl`: the id, the lease's fencing token, its
 /// secret (renew and release need it), the time to stamp above, the expiry,
-/// and the ID space's epoch.
+/// and the ID space: its epoch and machine bits.
 #[pg_extern(name = "lease_machine_id", volatile, parallel_unsafe)]
 fn lease_machine_id_with_secret(
     holder: Option<Name<'_>>,
@@ -50,6 +52,7 @@ fn lease_machine_id_with_secret(
         name!(not_before_ms, i64),
         name!(expires_at, TimestampWithTimeZone),
         name!(epoch_ms, i64),
+        name!(machine_bits, i32),
     ),
 > {
     postgres_errors_as_raised(|| {
@@ -62,6 +65,7 @@ fn lease_machine_id_with_secret(
             grant.not_before_ms,
             timestamptz_or_error(grant.expires_at_ms),
             grant.epoch_ms,
+            grant.layout.machine_bits() as i32,
         ))
     })
 }

@@ -326,9 +326,12 @@ fn record_settings(client: &mut SpiClient<'_>) -> Result<(), SpiError> {
 pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
     leases::check_ttl_within(ttl_ms, settings::lease_max_ttl_ms())?;
     xact::check_writable()?;
-    let epoch_ms = crate::snowflake::registry_epoch_ms()?;
+    let (epoch_ms, layout) = crate::snowflake::registry_space()?;
     let margin_ms = settings::lease_margin_ms();
-    let allowed = settings::lease_ids()?;
+    // Only ids of the space's layout (a database recorded with fewer
+    // machine bits than the setting's list allows leases fewer).
+    let mut allowed = settings::lease_ids()?;
+    allowed.retain(|id| *id <= layout.max_machine_id());
     with_registry(|client| {
         let me = identity();
         let serving = serving(client, me)?;
@@ -412,6 +415,7 @@ pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
                 not_before_ms,
                 expires_at_ms: leased_at_ms + ttl_ms,
                 epoch_ms,
+                layout,
                 margin_ms,
                 secret,
             }));

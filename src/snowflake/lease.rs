@@ -29,7 +29,7 @@ use std::time::Duration;
 use ticket_client::clock::boot_ms;
 use ticket_client::keeper::{LeaseHolder, LeaseKeeper, Published};
 use ticket_core::leases::{Reckoning, StampRefusal};
-use ticket_core::snowflake::{MACHINE_BITS, SEQUENCE_BITS};
+use ticket_core::snowflake::LOW_BITS;
 
 use crate::errors::TicketError;
 use crate::settings;
@@ -57,7 +57,7 @@ pub struct LeaseSlot {
     /// This server's clock minus the registry's while they disagree by
     /// more than half the margin (never 0 then); 0 while they agree.
     clock_skew_ms: AtomicI64,
-    epoch_differs: AtomicBool,
+    space_differs: AtomicBool,
 }
 
 unsafe impl PGRXSharedMemory for LeaseSlot {}
@@ -78,7 +78,7 @@ pub struct Snapshot {
     pub reckoning: Reckoning,
     pub expires_at_unix_ms: i64,
     skewed: Option<i64>,
-    epoch_differs: bool,
+    space_differs: bool,
 }
 
 pub fn snapshot() -> Snapshot {
@@ -104,7 +104,7 @@ pub fn snapshot() -> Snapshot {
             },
             expires_at_unix_ms: s.expires_at_unix_ms.load(Ordering::Relaxed),
             skewed: Some(s.clock_skew_ms.load(Ordering::Relaxed)).filter(|&skew| skew != 0),
-            epoch_differs: s.epoch_differs.load(Ordering::Relaxed),
+            space_differs: s.space_differs.load(Ordering::Relaxed),
         };
         fence(Ordering::Acquire);
         if s.seq.load(Ordering::Relaxed) == before {
@@ -131,8 +131,11 @@ impl Snapshot {
                 Some(last) => format!("the lease of machine id {last} ended (not renewed in time, or refused); waiting for a new one"),
             });
         };
-        if self.epoch_differs {
-            return refuse(format!("the registry's epoch differs from this server's pg_ticket.epoch (machine id {id} leased, unused)"));
+        if self.space_differs {
+            return refuse(format!(
+                "the registry's ID space differs from this server's pg_ticket.epoch and pg_ticket.machine_bits ({}; machine id {id} leased, unused)",
+                super::id_space()
+            ));
         }
         if let Some(skew) = self.skewed {
             return refuse(format!("this server's clock differs from the registry's by {skew} ms, more than half pg_ticket.lease_margin"));
@@ -163,7 +166,7 @@ pub fn next_id(issue: impl FnOnce(u16, i64) -> i64) -> Result<i64, TicketError> 
     }
     after.usable()?;
     // The sequence can run ahead of the clock: never past the lease's end.
-    let stamp_ms = settings::epoch_unix_ms() + (issued >> (SEQUENCE_BITS + MACHINE_BITS)) as i64;
+    let stamp_ms = settings::epoch_unix_ms() + (issued >> LOW_BITS);
     if !after.reckoning.covers(stamp_ms) {
         return Err(TicketError::NoMachineLease(format!("the lease of machine id {id} ends before the next free timestamp; waiting for its renewal")));
     }
@@ -199,7 +202,7 @@ impl LeaseHolder for WorkerHolder {
     fn publish(&self, lease: Published) {
         let g = lease.grant;
         let new_lease = self.current.borrow().is_none_or(|p| p.grant.lease != g.lease);
-        let epoch_differs = g.epoch_ms != settings::epoch_unix_ms();
+        let space_differs = g.space() != super::id_space();
         if new_lease {
             super::raise_floor(g.not_before_ms);
             log!(
@@ -209,8 +212,8 @@ impl LeaseHolder for WorkerHolder {
                 g.expires_at_ms,
                 g.not_before_ms
             );
-            if epoch_differs {
-                warning!("pg_ticket: the registry's epoch ({} ms) differs from pg_ticket.epoch; snowflake_id() refuses", g.epoch_ms);
+            if space_differs {
+                warning!("pg_ticket: the registry leases in {}, this server stamps in {}; snowflake_id() refuses", g.space(), super::id_space());
             }
         }
         write(|s| {
@@ -226,7 +229,7 @@ impl LeaseHolder for WorkerHolder {
             s.drift_allowed_ms.store(r.drift_allowed_ms, Ordering::Relaxed);
             s.expires_at_unix_ms.store(g.expires_at_ms, Ordering::Relaxed);
             s.clock_skew_ms.store(lease.skew.map_or(0, |(skew, _)| skew), Ordering::Relaxed);
-            s.epoch_differs.store(epoch_differs, Ordering::Relaxed);
+            s.space_differs.store(space_differs, Ordering::Relaxed);
         });
         *self.current.borrow_mut() = Some(lease);
         self.last_report.borrow_mut().clear();

@@ -29,7 +29,7 @@ mod shards;
 mod space;
 mod wal;
 pub use lease::{register_worker as register_lease_worker, snapshot as lease_snapshot};
-pub use space::registry_epoch_ms;
+pub use space::registry_space;
 pub use wal::register as register_wal;
 
 /// Relative to the data directory (every backend's working directory), so
@@ -57,15 +57,16 @@ pub fn init_shared_memory() {
 
 /// The ID space this server stamps into.
 pub fn id_space() -> layout::IdSpace {
-    layout::IdSpace::with_epoch(settings::epoch_unix_ms())
+    layout::IdSpace::new(settings::epoch_unix_ms(), settings::layout())
 }
 
 /// At start (preloading): a mark file written for another ID space stops
 /// the server — a changed epoch would reissue the IDs of an earlier time
 /// (SPEC §13.10). Any other trouble with the file is the first call's.
 pub fn refuse_another_id_space() {
-    if let Err(e @ layout::SnowflakeError::OtherIdSpace { .. }) = ticket_core::snowflake::MarkStore::load(&wal::file()) {
-        pgrx::error!("pg_ticket.epoch: {e}");
+    if let Err(e @ layout::SnowflakeError::OtherIdSpace { recorded, configured, .. }) = ticket_core::snowflake::MarkStore::load(&wal::file()) {
+        let setting = if recorded.epoch_unix_ms == configured.epoch_unix_ms { "pg_ticket.machine_bits" } else { "pg_ticket.epoch" };
+        pgrx::error!("{setting}: {e}");
     }
 }
 
@@ -76,8 +77,7 @@ fn raise_floor(floor_unix_ms: i64) {
 
 /// The last timestamp issued (Unix ms), if any.
 fn last_stamp_unix_ms() -> Option<i64> {
-    let last = GENERATOR.get().0.last_state();
-    (last != 0).then(|| settings::epoch_unix_ms() + (last >> layout::SEQUENCE_BITS) as i64)
+    GENERATOR.get().0.last_millis().map(|ms| settings::epoch_unix_ms() + ms as i64)
 }
 
 /// The wall clock in Unix ms: CLOCK_REALTIME through the vDSO, no system
@@ -183,7 +183,15 @@ pub fn next_id() -> i64 {
     crate::xact::check_writable().or_raise();
     space::check_database().or_raise();
     let issue = |machine_id, stamp_cap_unix_ms| {
-        layout::next_id(&GENERATOR.get().0, &SystemClock, &wal::WalMarkStore, settings::epoch_unix_ms(), machine_id, stamp_cap_unix_ms)
+        layout::next_id(
+            &GENERATOR.get().0,
+            &SystemClock,
+            &wal::WalMarkStore,
+            settings::epoch_unix_ms(),
+            settings::layout(),
+            machine_id,
+            stamp_cap_unix_ms,
+        )
             .or_raise()
     };
     match settings::machine_id() {
@@ -202,10 +210,10 @@ fn epoch_for(function: &'static str) -> i64 {
 }
 
 /// (timestamp as Unix ms, machine id, sequence) of an ID, using this
-/// server's epoch.
+/// server's epoch and layout.
 pub fn decode(id: i64) -> (i64, u16, u16) {
     let epoch = epoch_for("snowflake_decode");
-    let parts = layout::decompose(id).or_raise();
+    let parts = settings::layout().decompose(id).or_raise();
     (epoch + parts.millis as i64, parts.machine_id, parts.sequence)
 }
 

@@ -16,7 +16,7 @@
 
 use pgrx::prelude::*;
 use std::cell::Cell;
-use ticket_core::snowflake::{IdSpace, SnowflakeError};
+use ticket_core::snowflake::{IdSpace, Layout, SnowflakeError};
 
 use crate::errors::TicketError;
 use crate::{settings, state_tables};
@@ -28,7 +28,7 @@ thread_local! {
 }
 
 /// This server's snowflake ID space: its epoch (Unix ms) and machine bits
-/// (also without preloading: the epoch its configuration names).
+/// (also without preloading: those its configuration names).
 #[pg_extern(stable, parallel_safe)]
 fn snowflake_id_space() -> TableIterator<'static, (name!(epoch_ms, i64), name!(machine_bits, i32))> {
     let space = configured();
@@ -37,7 +37,8 @@ fn snowflake_id_space() -> TableIterator<'static, (name!(epoch_ms, i64), name!(m
 
 /// The space this server is set for.
 fn configured() -> IdSpace {
-    IdSpace::with_epoch(settings::registry_epoch_unix_ms())
+    let layout = settings::registry_layout().unwrap_or_else(|e| pgrx::error!("{e}"));
+    IdSpace::new(settings::registry_epoch_unix_ms(), layout)
 }
 
 /// Any change of the recorded space reaches every backend at its next
@@ -115,15 +116,22 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
     }
 }
 
-/// The epoch a registry leases ids in: its database's recorded space
+/// The space a registry leases ids in: its database's recorded space
 /// (recorded now if none is), which a preloaded server must share. Not the
-/// setting alone: a restart with another epoch, or a session SET on an
-/// unloaded server's placeholder, would lease ids into another space.
-pub fn registry_epoch_ms() -> Result<i64, TicketError> {
+/// settings alone: a restart with another epoch or layout, or a session SET
+/// on an unloaded server's placeholder, would lease ids into another space.
+pub fn registry_space() -> Result<(i64, Layout), TicketError> {
     if settings::preloaded() {
         check_database()?;
     }
-    Ok(recorded()?.map_or_else(settings::registry_epoch_unix_ms, |space| space.epoch_unix_ms))
+    let space = recorded()?.unwrap_or_else(configured);
+    let layout = space.layout().ok_or_else(|| {
+        TicketError::BadConfiguration(format!(
+            "this database's recorded ID space (pgticket.id_space) has {} machine bits, which no layout has",
+            space.machine_bits
+        ))
+    })?;
+    Ok((space.epoch_unix_ms, layout))
 }
 
 /// Refuses (55000) a database whose recorded ID space is not this server's.

@@ -225,8 +225,8 @@ pub fn file() -> FileMarkStore<'static> {
     FileMarkStore { path: Path::new(MARK_FILE), space: super::id_space() }
 }
 
-/// A record's mark and the ID space it is for (this server's for a record
-/// of 0.2.0).
+/// A record's mark and the ID space it is for (one of 0.2.0 is in this
+/// server's epoch and 0.2.0's one layout).
 fn record_mark(record: *mut pg_sys::XLogReaderState) -> Option<(i64, IdSpace)> {
     unsafe {
         let decoded = (*record).record;
@@ -242,7 +242,7 @@ fn record_mark(record: *mut pg_sys::XLogReaderState) -> Option<(i64, IdSpace)> {
                 machine_bits: u32::from_le_bytes(data[16..].try_into().ok()?),
             }
         } else {
-            super::id_space()
+            IdSpace::of_0_2_0(super::id_space().epoch_unix_ms)
         };
         Some((mark, space))
     }

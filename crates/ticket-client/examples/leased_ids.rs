@@ -9,7 +9,6 @@
 
 use std::time::Duration;
 use ticket_client::{GeneratorConfig, LeasedGenerator};
-use ticket_core::snowflake::decompose;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dsn = std::env::args().nth(1).unwrap_or_else(|| "host=/tmp/pgt-demo port=55432 user=postgres dbname=postgres".into());
@@ -18,12 +17,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let generator = LeasedGenerator::start(config)?;
     let grant = generator.wait_for_lease(Duration::from_secs(10))?;
     println!(
-        "leased machine id {} (lease {}), stamping above {} ms, epoch {} ms",
-        grant.machine_id, grant.lease, grant.not_before_ms, grant.epoch_ms
+        "leased machine id {} (lease {}), stamping above {} ms, in {}",
+        grant.machine_id,
+        grant.lease,
+        grant.not_before_ms,
+        grant.space()
     );
     for _ in 0..5 {
         let id = generator.next_id()?;
-        let parts = decompose(id)?;
+        let parts = grant.layout.decompose(id)?;
         println!("{id}  = ms {} since the epoch, machine {}, sequence {}", parts.millis, parts.machine_id, parts.sequence);
     }
     let started = std::time::Instant::now();

@@ -29,7 +29,7 @@ use crate::keeper::{LeaseHolder, LeaseKeeper, Published};
 use crate::registry::Grant;
 use crate::ClientError;
 use ticket_core::leases::{check_ttl, Reckoning, StampRefusal};
-use ticket_core::snowflake::{self, Clock, MarkStore, SharedState, SnowflakeError};
+use ticket_core::snowflake::{self, Clock, IdSpace, MarkStore, SharedState, SnowflakeError};
 
 /// What a `LeasedGenerator` needs. Deserializes from configuration files
 /// (serde), durations in human form: `ttl = "60s"`, `"500ms"`, `"10 min"`.
@@ -95,10 +95,10 @@ struct Held {
 #[derive(Default)]
 struct State {
     lease: Option<Held>,
-    /// The epoch of this generator's first lease: its IDs all share it (a
-    /// registry whose epoch changed would have it stamp those of another
-    /// time).
-    epoch_ms: Option<i64>,
+    /// The ID space of this generator's first lease: its IDs all share it
+    /// (a registry whose epoch or layout changed would have it stamp IDs of
+    /// another time, or read as another machine's).
+    space: Option<IdSpace>,
     /// The last stamp of the lease withdrawn last (for its release).
     withdrawn_stamp_ms: Option<i64>,
     stop: bool,
@@ -231,11 +231,11 @@ impl LeasedGenerator {
     /// The next ID and the fencing token of the lease it was issued under.
     pub fn next_id_with_lease(&self) -> Result<(i64, i64), ClientError> {
         let mut st = self.shared.lock();
-        let first_epoch_ms = st.epoch_ms;
+        let first_space = st.space;
         let Some(held) = st.lease.as_mut() else { return Err(ClientError::NoLease { last_error: st.last_error.clone() }) };
         let Published { grant, reckoning, skew } = held.lease;
-        if let Some(first) = first_epoch_ms.filter(|first| *first != grant.epoch_ms) {
-            return Err(ClientError::EpochChanged { first_ms: first, now_ms: grant.epoch_ms });
+        if let Some(first) = first_space.filter(|first| *first != grant.space()) {
+            return Err(ClientError::SpaceChanged { first, now: grant.space() });
         }
         if let Some((skew_ms, allowed_ms)) = skew {
             return Err(ClientError::ClockSkew { skew_ms, allowed_ms });
@@ -256,7 +256,7 @@ impl LeasedGenerator {
         let clock = CheckedWall::starting_with(first.wall_ms);
         // The generator never stamps past the cap (PastLease): it stamps the
         // first reading, or a later one after a wait.
-        let id = match snowflake::next_id(&held.ids, &clock, &NoMark, grant.epoch_ms, machine_id, reckoning.stamp_cap_ms) {
+        let id = match snowflake::next_id(&held.ids, &clock, &NoMark, grant.epoch_ms, grant.layout, machine_id, reckoning.stamp_cap_ms) {
             Err(SnowflakeError::PastLease { .. }) => return Err(ClientError::LeaseMayHaveEnded { machine_id }),
             other => other?,
         };
@@ -266,7 +266,7 @@ impl LeasedGenerator {
         if let Some(later) = clock.read_again.get() {
             later.check(&reckoning).map_err(refused)?;
         }
-        held.last_stamp_ms = Some(grant.epoch_ms + (held.ids.last_state() >> snowflake::SEQUENCE_BITS) as i64);
+        held.last_stamp_ms = held.ids.last_millis().map(|ms| grant.epoch_ms + ms as i64);
         Ok((id, grant.lease))
     }
 
@@ -294,7 +294,7 @@ impl LeaseHolder for Shared {
 
     fn publish(&self, lease: Published) {
         let mut st = self.lock();
-        st.epoch_ms.get_or_insert(lease.grant.epoch_ms);
+        st.space.get_or_insert(lease.grant.space());
         match st.lease.as_mut().filter(|h| h.lease.grant.lease == lease.grant.lease) {
             Some(held) => held.lease = lease,
             None => {

@@ -34,8 +34,10 @@ mod registry;
 pub use generator::{GeneratorConfig, LeasedGenerator};
 pub use pool::{BlockPool, PoolConfig, PoolStats};
 pub use registry::Grant;
-/// Reading IDs back: the layout is the server's `snowflake_id()`'s.
-pub use ticket_core::snowflake::{decompose, IdSpace, Parts, SnowflakeError};
+/// Reading IDs back: the layout is the server's `snowflake_id()`'s, the
+/// registry's `pg_ticket.machine_bits` (a lease's [`Grant::layout`];
+/// `Layout::DEFAULT` unless set otherwise).
+pub use ticket_core::snowflake::{IdSpace, Layout, Parts, SnowflakeError};
 /// The shard of a key as `shard_of(key, shard_count)` computes it in SQL
 /// (FNV-1a 64 of the key's bytes, modulo the count), and the parts of a
 /// sharded ID: an application finds a row's shard without asking.
@@ -57,8 +59,8 @@ pub enum ClientError {
     ClockSkew { skew_ms: i64, allowed_ms: i64 },
     #[error("this host's wall clock moved {drift_ms} ms against its boot clock since the registry's last reply, more than half pg_ticket.lease_margin ({allowed_ms} ms); no ID is issued until it agrees again")]
     ClockStepped { drift_ms: i64, allowed_ms: i64 },
-    #[error("the registry's epoch is now {now_ms} (Unix ms), not {first_ms} as at this generator's first lease: IDs of the two could collide; no ID is issued")]
-    EpochChanged { first_ms: i64, now_ms: i64 },
+    #[error("the registry leases in {now} now, not in {first} as at this generator's first lease: IDs of the two could collide; no ID is issued")]
+    SpaceChanged { first: IdSpace, now: IdSpace },
     #[error(transparent)]
     Snowflake(#[from] ticket_core::snowflake::SnowflakeError),
     #[error("no block is available for {name:?} (both blocks spent and no new one fetched in {waited_ms} ms{})", last_error_suffix(.last_error))]

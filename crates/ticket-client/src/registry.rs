@@ -7,6 +7,7 @@ use crate::clock::wall_ms;
 use crate::connect::{CallError, Conn, Param, Row};
 pub use ticket_core::leases::Grant;
 use ticket_core::leases::{parse_secret, secret_text};
+use ticket_core::snowflake::Layout;
 
 /// The SQLSTATEs the protocol answers with.
 const OBJECT_NOT_IN_PREREQUISITE_STATE: &str = "55000";
@@ -52,15 +53,16 @@ pub fn lease(conn: &mut Conn, holder: &str, ttl_ms: i64, stop: &dyn Fn() -> bool
         conn,
         &format!(
             "SELECT l.machine_id, l.lease, l.secret, l.not_before_ms, (extract(epoch FROM l.expires_at) * 1000)::bigint, l.epoch_ms, \
-                    {}, {REGISTRY_NOW} \
+                    l.machine_bits, {}, {REGISTRY_NOW} \
                FROM {schema}.lease_machine_id($1, $2::interval) l",
             setting_ms("pg_ticket.lease_margin")
         ),
         &[holder.into(), (&ttl_text(ttl_ms)).into()],
-        7,
+        8,
         stop,
     )?;
-    let machine_id = u16::try_from(row.int(0)?).map_err(|_| CallError::Unexpected("a machine id out of range".into()))?;
+    let layout = Layout::new(row.int(6)?).map_err(|e| CallError::Unexpected(format!("the registry's layout: {e}")))?;
+    let machine_id = layout.check_machine_id(row.int(0)?).map_err(|e| CallError::Unexpected(e.to_string()))?;
     let grant = Grant {
         machine_id,
         lease: row.int(1)?,
@@ -68,7 +70,8 @@ pub fn lease(conn: &mut Conn, holder: &str, ttl_ms: i64, stop: &dyn Fn() -> bool
         not_before_ms: row.int(3)?,
         expires_at_ms: row.int(4)?,
         epoch_ms: row.int(5)?,
-        margin_ms: row.int(6)?,
+        layout,
+        margin_ms: row.int(7)?,
     };
     Ok((grant, clocks))
 }

@@ -8,6 +8,7 @@
 //! and tells the new holder the earliest timestamp it may stamp
 //! (`not_before_ms`).
 
+use crate::snowflake::{IdSpace, Layout};
 use thiserror::Error;
 
 /// Shortest and longest lease a registry grants.
@@ -44,8 +45,8 @@ pub enum LeaseError {
     HoldOff { wait_ms: i64 },
     #[error("no machine id is free: {held} held, {cooling} within pg_ticket.lease_margin of their end{}", match .next_free_in_ms { Some(ms) => format!("; the next frees in {ms} ms"), None => String::new() })]
     NoneFree { held: usize, cooling: usize, next_free_in_ms: Option<i64> },
-    #[error("{0:?} is not a list of machine ids: write ranges like '0-99, 200, 300-310' within 0..1023")]
-    BadIdList(String),
+    #[error("{text:?} is not a list of machine ids: write ranges like '0-99, 200, 300-310' within 0..{max}")]
+    BadIdList { text: String, max: u16 },
 }
 
 pub fn check_ttl(ttl_ms: i64) -> Result<i64, LeaseError> {
@@ -57,9 +58,11 @@ pub fn check_ttl(ttl_ms: i64) -> Result<i64, LeaseError> {
 }
 
 /// The ids a registry may lease (`pg_ticket.lease_ids`), e.g. "0-99, 200":
-/// sorted, without duplicates, within 0..=1023.
-pub fn parse_id_list(text: &str) -> Result<Vec<u16>, LeaseError> {
-    parse_ranges(text, crate::snowflake::MAX_MACHINE_ID).filter(|ids| !ids.is_empty()).ok_or_else(|| LeaseError::BadIdList(text.to_string()))
+/// sorted, without duplicates, within the machine ids of `layout`.
+pub fn parse_id_list(text: &str, layout: Layout) -> Result<Vec<u16>, LeaseError> {
+    parse_ranges(text, layout.max_machine_id())
+        .filter(|ids| !ids.is_empty())
+        .ok_or_else(|| LeaseError::BadIdList { text: text.to_string(), max: layout.max_machine_id() })
 }
 
 /// A list of numbers and ranges within `0..=max` ("0-99, 200"), sorted
@@ -95,6 +98,9 @@ pub struct Grant {
     pub expires_at_ms: i64,
     /// The ID space's epoch (the registry's `pg_ticket.epoch`).
     pub epoch_ms: i64,
+    /// The ID space's layout (the registry's `pg_ticket.machine_bits`):
+    /// the holder stamps the id in it.
+    pub layout: Layout,
     /// The registry's `pg_ticket.lease_margin` (the clock skew allowance).
     pub margin_ms: i64,
     /// Whoever has it holds the lease: renew and release need it.
@@ -109,9 +115,17 @@ impl std::fmt::Debug for Grant {
             .field("not_before_ms", &self.not_before_ms)
             .field("expires_at_ms", &self.expires_at_ms)
             .field("epoch_ms", &self.epoch_ms)
+            .field("machine_bits", &self.layout.machine_bits())
             .field("margin_ms", &self.margin_ms)
             .field("secret", &"…")
             .finish()
+    }
+}
+
+impl Grant {
+    /// The ID space the holder stamps into.
+    pub fn space(&self) -> IdSpace {
+        IdSpace::new(self.epoch_ms, self.layout)
     }
 }
 
@@ -435,12 +449,17 @@ mod tests {
 
     #[test]
     fn id_lists_are_ranges_within_the_machine_bits() {
-        assert_eq!(parse_id_list("0-3, 7,5 , 2"), Ok(vec![0, 1, 2, 3, 5, 7]));
-        assert_eq!(parse_id_list("1023").unwrap(), vec![1023]);
-        assert_eq!(parse_id_list("0-1023").unwrap().len(), 1024);
+        let l = Layout::DEFAULT;
+        assert_eq!(parse_id_list("0-3, 7,5 , 2", l), Ok(vec![0, 1, 2, 3, 5, 7]));
+        assert_eq!(parse_id_list("1023", l).unwrap(), vec![1023]);
+        assert_eq!(parse_id_list("0-1023", l).unwrap().len(), 1024);
         for bad in ["", "1024", "5-3", "a-b", "-1", "0-1024"] {
-            assert!(parse_id_list(bad).is_err(), "{bad:?}");
+            assert!(parse_id_list(bad, l).is_err(), "{bad:?}");
         }
+        let twelve = Layout::new(12).unwrap();
+        assert_eq!(parse_id_list("0-4095", twelve).unwrap().len(), 4096);
+        assert_eq!(parse_id_list("4096", twelve), Err(LeaseError::BadIdList { text: "4096".into(), max: 4095 }));
+        assert!(LeaseError::BadIdList { text: "4096".into(), max: 4095 }.to_string().contains("within 0..4095"));
     }
 
     fn lease(expires: i64, ended: Option<i64>, revoked: bool, last_issued: Option<i64>) -> LastLease {
@@ -567,7 +586,7 @@ mod tests {
     }
 
     fn grant(expires_at_ms: i64) -> Grant {
-        Grant { machine_id: 1, lease: 1, not_before_ms: 0, expires_at_ms, epoch_ms: 0, margin_ms: MARGIN, secret: 1 }
+        Grant { machine_id: 1, lease: 1, not_before_ms: 0, expires_at_ms, epoch_ms: 0, layout: Layout::DEFAULT, margin_ms: MARGIN, secret: 1 }
     }
 
     #[test]

@@ -102,19 +102,8 @@ pub fn check_shard(shard: i64) -> Result<u16, ShardError> {
 }
 
 /// The lowest and highest ID any shard can have in the millisecond
-/// `unix_ms` (`id BETWEEN min AND max` over a time range is an index range
-/// scan).
-pub fn id_range_of_millisecond(unix_ms: i64, epoch_unix_ms: i64) -> Result<(i64, i64), SnowflakeError> {
-    let millis = unix_ms
-        .checked_sub(epoch_unix_ms)
-        .and_then(|ms| u64::try_from(ms).ok())
-        .filter(|ms| *ms <= MAX_TIMESTAMP_MS)
-        .ok_or(SnowflakeError::TimeOutOfRange { unix_ms, epoch_ms: epoch_unix_ms })?;
-    Ok((
-        compose(ShardedParts { millis, shard: 0, sequence: 0 }),
-        compose(ShardedParts { millis, shard: MAX_SHARD, sequence: MAX_SEQUENCE }),
-    ))
-}
+/// `unix_ms`: the snowflake's, the time above the same 22 bits.
+pub use crate::snowflake::id_range_of_millisecond;
 
 /// The shard of `key` among `shard_count` (1 .. 4 096): FNV-1a (64 bits)
 /// of the key's bytes, modulo the count. Stable across versions and

@@ -1,10 +1,13 @@
 //! Snowflake layout and clock rules, free of PostgreSQL.
 //!
-//! An ID is `0 | 41 bits ms since epoch | 10 bits machine | 12 bits sequence`.
-//! The generator's whole state is one `u64` holding the last issued
-//! `(ms << 12) | sequence`, so every backend can advance it with a single
-//! compare-and-swap: no lock is held across calls and IDs are strictly
-//! increasing in the order the swaps succeed.
+//! An ID is `0 | 41 bits ms since epoch | machine | sequence`, the 22 low
+//! bits split by the ID space's [`Layout`] (10 machine bits and 12 sequence
+//! bits unless `pg_ticket.machine_bits` says otherwise). The generator's
+//! whole state is one `u64` holding the last issued `(ms << 22) | sequence`
+//! (the same packing for every layout; the layout bounds the sequence), so
+//! every backend can advance it with a single compare-and-swap: no lock is
+//! held across calls and IDs are strictly increasing in the order the swaps
+//! succeed.
 //!
 //! Restarts: a timestamp is reserved ahead of use in a durable mark (see
 //! `MarkStore`), `RESERVE_AHEAD_MS` ahead. A restarted server starts above
@@ -26,11 +29,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use thiserror::Error;
 
 pub const TIMESTAMP_BITS: u32 = 41;
-pub const MACHINE_BITS: u32 = 10;
-pub const SEQUENCE_BITS: u32 = 12;
+/// The bits below the timestamp, machine id and sequence, in every layout.
+pub const LOW_BITS: u32 = 22;
 pub const MAX_TIMESTAMP_MS: u64 = (1 << TIMESTAMP_BITS) - 1;
-pub const MAX_MACHINE_ID: u16 = (1 << MACHINE_BITS) - 1;
-pub const MAX_SEQUENCE: u16 = (1 << SEQUENCE_BITS) - 1;
+/// The generator's state packs the millisecond above this many bits.
+const STATE_SHIFT: u32 = LOW_BITS;
+const STATE_SEQUENCE_MASK: u64 = (1 << STATE_SHIFT) - 1;
 /// A backwards clock step up to this size is waited out; a larger one is refused.
 pub const MAX_BACKWARD_WAIT_MS: u64 = 10;
 /// How far ahead of the IDs being issued the durable mark is written.
@@ -64,8 +68,10 @@ pub enum SnowflakeError {
     BeforeEpoch { now_ms: i64, epoch_ms: i64 },
     #[error("the 41-bit timestamp is exhausted: more than {MAX_TIMESTAMP_MS} ms have passed since the epoch")]
     TimestampExhausted,
-    #[error("machine id {0} is out of range 0-{MAX_MACHINE_ID}")]
-    MachineOutOfRange(i64),
+    #[error("machine id {id} is out of range 0-{max}")]
+    MachineOutOfRange { id: i64, max: u16 },
+    #[error("{0} machine bits is out of range {min}-{max}: the 22 bits below an ID's timestamp hold the machine id and at least 6 bits of sequence", min = Layout::MIN_MACHINE_BITS, max = Layout::MAX_MACHINE_BITS)]
+    MachineBitsOutOfRange(i64),
     #[error("{0} is not a snowflake ID: snowflake IDs are never negative")]
     NegativeId(i64),
     #[error("{} is outside the snowflake time range: from the epoch ({}) for {MAX_TIMESTAMP_MS} ms (about 69 years)", crate::epoch::format_unix_ms(*.unix_ms), crate::epoch::format_unix_ms(*.epoch_ms))]
@@ -76,12 +82,92 @@ pub enum SnowflakeError {
     OtherIdSpace { location: String, recorded: IdSpace, configured: IdSpace },
 }
 
-/// The space snowflake IDs are stamped into: the epoch and the split of the
-/// 22 low bits between machine id and sequence. IDs compare only within one
-/// space, and a generator must never stamp into another space than the IDs
-/// it made before (a later epoch reissues the IDs of an earlier time), so
-/// the space is recorded with the mark and with the database's state
-/// (SPEC §13.10).
+/// The split of an ID's 22 low bits between machine id and sequence
+/// (SPEC §15), fixed for an ID space: more machine bits for a fleet whose
+/// holders churn through machine ids faster than leases free them, each
+/// bit halving the IDs one machine can stamp in a millisecond.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Layout {
+    machine_bits: u32,
+}
+
+impl Layout {
+    /// 1 024 machines, 4 096 IDs each per millisecond (Twitter's split).
+    pub const DEFAULT: Layout = Layout { machine_bits: 10 };
+    /// Fewer machine bits would give one machine more sequence numbers
+    /// than its generator can stamp in a millisecond.
+    pub const MIN_MACHINE_BITS: u32 = 10;
+    /// At least 64 IDs per machine per millisecond.
+    pub const MAX_MACHINE_BITS: u32 = LOW_BITS - 6;
+
+    pub fn new(machine_bits: i64) -> Result<Layout, SnowflakeError> {
+        u32::try_from(machine_bits)
+            .ok()
+            .filter(|bits| (Self::MIN_MACHINE_BITS..=Self::MAX_MACHINE_BITS).contains(bits))
+            .map(|machine_bits| Layout { machine_bits })
+            .ok_or(SnowflakeError::MachineBitsOutOfRange(machine_bits))
+    }
+
+    pub const fn machine_bits(self) -> u32 {
+        self.machine_bits
+    }
+
+    pub const fn sequence_bits(self) -> u32 {
+        LOW_BITS - self.machine_bits
+    }
+
+    pub const fn max_machine_id(self) -> u16 {
+        ((1u32 << self.machine_bits) - 1) as u16
+    }
+
+    pub const fn max_sequence(self) -> u16 {
+        ((1u32 << self.sequence_bits()) - 1) as u16
+    }
+
+    /// The ID for `parts`. Parts must already be in range (the generator
+    /// guarantees it); masks keep an out-of-range part from corrupting its
+    /// neighbours.
+    #[inline]
+    pub fn compose(self, parts: Parts) -> i64 {
+        let ms = parts.millis & MAX_TIMESTAMP_MS;
+        let machine = u64::from(parts.machine_id & self.max_machine_id());
+        let seq = u64::from(parts.sequence & self.max_sequence());
+        ((ms << LOW_BITS) | (machine << self.sequence_bits()) | seq) as i64
+    }
+
+    pub fn decompose(self, id: i64) -> Result<Parts, SnowflakeError> {
+        if id < 0 {
+            return Err(SnowflakeError::NegativeId(id));
+        }
+        let id = id as u64;
+        Ok(Parts {
+            millis: id >> LOW_BITS,
+            machine_id: ((id >> self.sequence_bits()) & u64::from(self.max_machine_id())) as u16,
+            sequence: (id & u64::from(self.max_sequence())) as u16,
+        })
+    }
+
+    pub fn check_machine_id(self, machine_id: i64) -> Result<u16, SnowflakeError> {
+        u16::try_from(machine_id)
+            .ok()
+            .filter(|m| *m <= self.max_machine_id())
+            .ok_or(SnowflakeError::MachineOutOfRange { id: machine_id, max: self.max_machine_id() })
+    }
+}
+
+impl Default for Layout {
+    fn default() -> Self {
+        Layout::DEFAULT
+    }
+}
+
+/// The space snowflake IDs are stamped into: the epoch and the layout. IDs
+/// compare only within one space, and a generator must never stamp into
+/// another space than the IDs it made before (a later epoch reissues the
+/// IDs of an earlier time, another layout reads one machine's IDs as
+/// another's), so the space is recorded with the mark and with the
+/// database's state (SPEC §13.10). `machine_bits` is as recorded: a record
+/// may hold a value no layout has, and is then simply another space.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IdSpace {
     pub epoch_unix_ms: i64,
@@ -89,9 +175,19 @@ pub struct IdSpace {
 }
 
 impl IdSpace {
-    /// The space of `epoch_unix_ms` in this layout.
-    pub fn with_epoch(epoch_unix_ms: i64) -> Self {
-        IdSpace { epoch_unix_ms, machine_bits: MACHINE_BITS }
+    pub fn new(epoch_unix_ms: i64, layout: Layout) -> Self {
+        IdSpace { epoch_unix_ms, machine_bits: layout.machine_bits }
+    }
+
+    /// The space of what 0.2.0 recorded without one (a mark, a WAL
+    /// record): it had one layout, and did not record its epoch.
+    pub fn of_0_2_0(epoch_unix_ms: i64) -> Self {
+        IdSpace::new(epoch_unix_ms, Layout::DEFAULT)
+    }
+
+    /// The layout, if the recorded bits are one.
+    pub fn layout(&self) -> Option<Layout> {
+        Layout::new(i64::from(self.machine_bits)).ok()
     }
 }
 
@@ -101,49 +197,19 @@ impl std::fmt::Display for IdSpace {
     }
 }
 
-/// The ID for `parts`. Parts must already be in range (the generator
-/// guarantees it); masks keep an out-of-range part from corrupting its
-/// neighbours.
-#[inline]
-pub fn compose(parts: Parts) -> i64 {
-    let ms = parts.millis & MAX_TIMESTAMP_MS;
-    let machine = u64::from(parts.machine_id & MAX_MACHINE_ID);
-    let seq = u64::from(parts.sequence & MAX_SEQUENCE);
-    ((ms << (MACHINE_BITS + SEQUENCE_BITS)) | (machine << SEQUENCE_BITS) | seq) as i64
-}
-
-pub fn decompose(id: i64) -> Result<Parts, SnowflakeError> {
-    if id < 0 {
-        return Err(SnowflakeError::NegativeId(id));
-    }
-    let id = id as u64;
-    Ok(Parts {
-        millis: id >> (MACHINE_BITS + SEQUENCE_BITS),
-        machine_id: ((id >> SEQUENCE_BITS) & u64::from(MAX_MACHINE_ID)) as u16,
-        sequence: (id & u64::from(MAX_SEQUENCE)) as u16,
-    })
-}
-
-/// The lowest and highest ID any machine can have in the millisecond
-/// `unix_ms` (machine 0 sequence 0; machine 1023 sequence 4095), so that
-/// `id BETWEEN min AND max` over a time range is an index range scan.
+/// The lowest and highest ID that can have the millisecond `unix_ms` (all
+/// 22 low bits clear; all set), so that `id BETWEEN min AND max` over a
+/// time range is an index range scan. The time sits above the same 22 bits
+/// in every layout of 41 bits of time (the sharded one too), so the range
+/// is the same in every one.
 pub fn id_range_of_millisecond(unix_ms: i64, epoch_unix_ms: i64) -> Result<(i64, i64), SnowflakeError> {
     let millis = unix_ms
         .checked_sub(epoch_unix_ms)
         .and_then(|ms| u64::try_from(ms).ok())
         .filter(|ms| *ms <= MAX_TIMESTAMP_MS)
         .ok_or(SnowflakeError::TimeOutOfRange { unix_ms, epoch_ms: epoch_unix_ms })?;
-    Ok((
-        compose(Parts { millis, machine_id: 0, sequence: 0 }),
-        compose(Parts { millis, machine_id: MAX_MACHINE_ID, sequence: MAX_SEQUENCE }),
-    ))
-}
-
-pub fn check_machine_id(machine_id: i64) -> Result<u16, SnowflakeError> {
-    u16::try_from(machine_id)
-        .ok()
-        .filter(|m| *m <= MAX_MACHINE_ID)
-        .ok_or(SnowflakeError::MachineOutOfRange(machine_id))
+    let first = (millis << LOW_BITS) as i64;
+    Ok((first, first | ((1 << LOW_BITS) - 1)))
 }
 
 /// The generator state that says "the last ID was issued at `millis`, with
@@ -151,13 +217,13 @@ pub fn check_machine_id(machine_id: i64) -> Result<u16, SnowflakeError> {
 /// Used to resume above a persisted high-water mark.
 #[inline]
 pub fn state_after_millisecond(millis: u64) -> u64 {
-    (millis << SEQUENCE_BITS) | u64::from(MAX_SEQUENCE)
+    (millis << STATE_SHIFT) | STATE_SEQUENCE_MASK
 }
 
 /// What the generator does next, given its last issued state and the clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Step {
-    /// Issue the ID for this packed `(ms << 12) | sequence` state.
+    /// Issue the ID for this packed `(ms << 22) | sequence` state.
     Issue(u64),
     /// Wait until the clock reads this many ms since the epoch, then retry.
     WaitUntil(u64),
@@ -168,18 +234,23 @@ pub enum Step {
 /// The clock rule as a pure function: a clock behind the last issued
 /// timestamp by up to `max_wait_ms` is waited out, by more refused.
 #[inline]
-pub fn step(last_state: u64, now_ms: u64, max_wait_ms: u64) -> Step {
-    step_in(last_state, now_ms, max_wait_ms, SEQUENCE_BITS)
+pub fn step(last_state: u64, now_ms: u64, max_wait_ms: u64, layout: Layout) -> Step {
+    step_packed(last_state, now_ms, max_wait_ms, STATE_SHIFT, u64::from(layout.max_sequence()))
 }
 
 /// [`step`] for a layout whose state is `(ms << sequence_bits) | sequence`.
 #[inline]
 pub fn step_in(last_state: u64, now_ms: u64, max_wait_ms: u64, sequence_bits: u32) -> Step {
-    let max_sequence = (1u64 << sequence_bits) - 1;
-    let last_ms = last_state >> sequence_bits;
-    let last_seq = last_state & max_sequence;
+    step_packed(last_state, now_ms, max_wait_ms, sequence_bits, (1u64 << sequence_bits) - 1)
+}
+
+/// The state is `(ms << shift) | sequence`, the sequence at most `max_sequence`.
+#[inline]
+fn step_packed(last_state: u64, now_ms: u64, max_wait_ms: u64, shift: u32, max_sequence: u64) -> Step {
+    let last_ms = last_state >> shift;
+    let last_seq = last_state & ((1u64 << shift) - 1);
     if now_ms > last_ms {
-        Step::Issue(now_ms << sequence_bits)
+        Step::Issue(now_ms << shift)
     } else if now_ms == last_ms {
         if last_seq < max_sequence {
             Step::Issue(last_state + 1)
@@ -227,7 +298,7 @@ pub trait MarkStore {
 /// The generator's shared state: in shared memory in the server.
 #[derive(Default)]
 pub struct SharedState {
-    /// Last issued `(ms << 12) | sequence`.
+    /// Last issued `(ms << 22) | sequence`.
     last: AtomicU64,
     /// Every timestamp up to this one (ms since epoch) is covered by the
     /// durable mark.
@@ -238,8 +309,8 @@ pub struct SharedState {
     loaded: AtomicBool,
     /// Guards loading and writing the durable mark.
     busy: AtomicBool,
-    /// Waits since start, for monitoring: a full millisecond (4 096 IDs)
-    /// and a clock step back waited out.
+    /// Waits since start, for monitoring: a full millisecond (every sequence
+    /// number used) and a clock step back waited out.
     waits_full_millisecond: AtomicU64,
     waits_clock_back: AtomicU64,
 }
@@ -286,11 +357,16 @@ impl SharedState {
         self.last.load(Ordering::Acquire)
     }
 
+    /// The millisecond (since the epoch) of the last ID issued, if any.
+    pub fn last_millis(&self) -> Option<u64> {
+        let last = self.last_state();
+        (last != 0).then_some(last >> STATE_SHIFT)
+    }
+
     pub fn activity(&self) -> Activity {
-        let last = self.last.load(Ordering::Acquire);
         let reserved = self.reserved_until.load(Ordering::Acquire);
         Activity {
-            last_millis: (last != 0).then_some(last >> SEQUENCE_BITS),
+            last_millis: self.last_millis(),
             reserved_until_millis: (reserved != 0).then_some(reserved),
             waits_full_millisecond: self.waits_full_millisecond.load(Ordering::Relaxed),
             waits_clock_back: self.waits_clock_back.load(Ordering::Relaxed),
@@ -423,7 +499,7 @@ fn renew_early(shared: &SharedState, store: &impl MarkStore, epoch_unix_ms: i64,
 pub fn load_mark(shared: &SharedState, clock: &impl Clock, store: &impl MarkStore, epoch_unix_ms: i64) -> Result<Option<u64>, SnowflakeError> {
     ensure_loaded(shared, clock, store, epoch_unix_ms)?;
     let floor = shared.floor.load(Ordering::Acquire);
-    Ok((floor != u64::MAX).then_some(floor >> SEQUENCE_BITS))
+    Ok((floor != u64::MAX).then_some(floor >> STATE_SHIFT))
 }
 
 /// For another layout: make the durable mark cover `millis` before an ID
@@ -441,7 +517,7 @@ pub fn cover(shared: &SharedState, clock: &impl Clock, store: &impl MarkStore, e
     }
 }
 
-/// Issue the next ID from the shared state. `stamp_cap_unix_ms` is the last
+/// Issue the next ID from the shared state, in `layout`. `stamp_cap_unix_ms` is the last
 /// millisecond this caller may stamp (a leased machine id's end plus half
 /// the margin; `i64::MAX` for a fixed one): a later timestamp is refused
 /// before it enters the state or the mark, so a clock stepped far ahead
@@ -451,6 +527,7 @@ pub fn next_id(
     clock: &impl Clock,
     store: &impl MarkStore,
     epoch_unix_ms: i64,
+    layout: Layout,
     machine_id: u16,
     stamp_cap_unix_ms: i64,
 ) -> Result<i64, SnowflakeError> {
@@ -478,9 +555,9 @@ pub fn next_id(
         } else {
             MAX_BACKWARD_WAIT_MS
         };
-        match step(last, now_ms, max_wait_ms) {
+        match step(last, now_ms, max_wait_ms, layout) {
             Step::Issue(next) => {
-                let millis = next >> SEQUENCE_BITS;
+                let millis = next >> STATE_SHIFT;
                 if epoch_unix_ms.saturating_add(millis as i64) > stamp_cap_unix_ms {
                     return Err(SnowflakeError::PastLease { stamp_cap_unix_ms });
                 }
@@ -497,15 +574,11 @@ pub fn next_id(
                     if millis + RENEW_WITHIN_MS > reserved_until {
                         renew_early(shared, store, epoch_unix_ms, millis);
                     }
-                    return Ok(compose(Parts {
-                        millis,
-                        machine_id,
-                        sequence: (next & u64::from(MAX_SEQUENCE)) as u16,
-                    }));
+                    return Ok(layout.compose(Parts { millis, machine_id, sequence: (next & STATE_SEQUENCE_MASK) as u16 }));
                 }
             }
             Step::WaitUntil(target_ms) => {
-                let counter = if now_ms < last >> SEQUENCE_BITS {
+                let counter = if now_ms < last >> STATE_SHIFT {
                     &shared.waits_clock_back
                 } else {
                     &shared.waits_full_millisecond
@@ -522,7 +595,8 @@ pub fn next_id(
 /// renamed over the old one, so a crash leaves the old or the new mark.
 /// The file records the ID space it was written for (`N epoch_ms=E
 /// machine_bits=B`); one of another space than `space` is refused on load.
-/// A file of 0.2.0 (`N` alone) is of the space configured.
+/// A file of 0.2.0 (`N` alone) is of the epoch configured (0.2.0 recorded
+/// none) and of 0.2.0's one layout.
 pub struct FileMarkStore<'a> {
     pub path: &'a std::path::Path,
     pub space: IdSpace,
@@ -556,10 +630,13 @@ impl MarkStore for FileMarkStore<'_> {
             // save() writes the number and a newline; anything else (a
             // truncated write, an edit) is not a mark to trust.
             Ok(text) => match self.parse(&text) {
-                Ok((_, Some(recorded))) if recorded != self.space => {
-                    Err(SnowflakeError::OtherIdSpace { location: self.location(), recorded, configured: self.space })
+                Ok((mark, recorded)) => {
+                    let recorded = recorded.unwrap_or(IdSpace::of_0_2_0(self.space.epoch_unix_ms));
+                    if recorded != self.space {
+                        return Err(SnowflakeError::OtherIdSpace { location: self.location(), recorded, configured: self.space });
+                    }
+                    Ok(Some(mark))
                 }
-                Ok((mark, _)) => Ok(Some(mark)),
                 Err(why) => Err(SnowflakeError::DamagedMark { location: self.location(), why: format!("it holds {text:?}: {why}") }),
             },
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
@@ -598,6 +675,7 @@ pub(crate) mod tests {
     use std::cell::Cell;
 
     pub(crate) const EPOCH: i64 = 1_767_225_600_000; // 2026-01-01 UTC
+    const L: Layout = Layout::DEFAULT;
 
     /// A clock that only moves when told to, and counts the pauses asked of it.
     pub(crate) struct FakeClock {
@@ -654,30 +732,30 @@ pub(crate) mod tests {
     }
 
     fn gen(state: &SharedState, clock: &FakeClock) -> Result<i64, SnowflakeError> {
-        STORE.with(|store| next_id(state, clock, store, EPOCH, 7, i64::MAX))
+        STORE.with(|store| next_id(state, clock, store, EPOCH, L, 7, i64::MAX))
     }
 
     #[test]
     fn spec_worked_example() {
-        let id = compose(Parts { millis: 24_000_000_000, machine_id: 7, sequence: 3 });
+        let id = L.compose(Parts { millis: 24_000_000_000, machine_id: 7, sequence: 3 });
         assert_eq!(id, 24_000_000_000i64 * (1 << 22) + 7 * (1 << 12) + 3);
-        assert_eq!(decompose(id), Ok(Parts { millis: 24_000_000_000, machine_id: 7, sequence: 3 }));
+        assert_eq!(L.decompose(id), Ok(Parts { millis: 24_000_000_000, machine_id: 7, sequence: 3 }));
     }
 
     #[test]
     fn decompose_inverts_compose_at_the_edges() {
         for parts in [
             Parts { millis: 0, machine_id: 0, sequence: 0 },
-            Parts { millis: MAX_TIMESTAMP_MS, machine_id: MAX_MACHINE_ID, sequence: MAX_SEQUENCE },
+            Parts { millis: MAX_TIMESTAMP_MS, machine_id: L.max_machine_id(), sequence: L.max_sequence() },
             Parts { millis: 1, machine_id: 1023, sequence: 0 },
             Parts { millis: 123_456_789, machine_id: 512, sequence: 4095 },
         ] {
-            let id = compose(parts);
+            let id = L.compose(parts);
             assert!(id >= 0, "sign bit must stay 0 for {parts:?}");
-            assert_eq!(decompose(id), Ok(parts));
+            assert_eq!(L.decompose(id), Ok(parts));
         }
-        assert_eq!(compose(Parts { millis: MAX_TIMESTAMP_MS, machine_id: MAX_MACHINE_ID, sequence: MAX_SEQUENCE }), i64::MAX);
-        assert_eq!(decompose(-1), Err(SnowflakeError::NegativeId(-1)));
+        assert_eq!(L.compose(Parts { millis: MAX_TIMESTAMP_MS, machine_id: L.max_machine_id(), sequence: L.max_sequence() }), i64::MAX);
+        assert_eq!(L.decompose(-1), Err(SnowflakeError::NegativeId(-1)));
     }
 
     #[test]
@@ -711,10 +789,60 @@ pub(crate) mod tests {
 
     #[test]
     fn machine_id_range() {
-        assert_eq!(check_machine_id(0), Ok(0));
-        assert_eq!(check_machine_id(1023), Ok(1023));
-        assert_eq!(check_machine_id(1024), Err(SnowflakeError::MachineOutOfRange(1024)));
-        assert_eq!(check_machine_id(-1), Err(SnowflakeError::MachineOutOfRange(-1)));
+        assert_eq!(L.check_machine_id(0), Ok(0));
+        assert_eq!(L.check_machine_id(1023), Ok(1023));
+        assert_eq!(L.check_machine_id(1024), Err(SnowflakeError::MachineOutOfRange { id: 1024, max: 1023 }));
+        assert_eq!(L.check_machine_id(-1), Err(SnowflakeError::MachineOutOfRange { id: -1, max: 1023 }));
+    }
+
+    #[test]
+    fn a_layout_splits_the_22_low_bits_between_10_to_16_machine_bits_and_the_sequence() {
+        for bits in [10, 12, 14, 16] {
+            let layout = Layout::new(bits).unwrap();
+            assert_eq!(layout.machine_bits() + layout.sequence_bits(), LOW_BITS);
+            assert_eq!(u32::from(layout.max_machine_id()) + 1, 1 << bits);
+            assert_eq!(u32::from(layout.max_sequence()) + 1, 1 << (22 - bits));
+            let top = Parts { millis: MAX_TIMESTAMP_MS, machine_id: layout.max_machine_id(), sequence: layout.max_sequence() };
+            assert_eq!(layout.compose(top), i64::MAX, "{bits}: every bit used, the sign bit clear");
+            let parts = Parts { millis: 123_456_789, machine_id: layout.max_machine_id() / 3, sequence: layout.max_sequence() / 5 };
+            assert_eq!(layout.decompose(layout.compose(parts)), Ok(parts), "{bits}");
+            let (min, max) = id_range_of_millisecond(EPOCH + 123_456_789, EPOCH).unwrap();
+            assert_eq!((layout.decompose(min).unwrap().millis, layout.decompose(max).unwrap().millis), (123_456_789, 123_456_789));
+            assert_eq!(
+                (layout.compose(Parts { millis: 123_456_789, machine_id: 0, sequence: 0 }), layout.compose(Parts { sequence: layout.max_sequence(), machine_id: layout.max_machine_id(), ..parts })),
+                (min, max),
+                "{bits}: the range of a millisecond is its first and last ID in every layout"
+            );
+            let max = i64::from(layout.max_machine_id());
+            assert_eq!(layout.check_machine_id(max), Ok(max as u16));
+            assert_eq!(layout.check_machine_id(max + 1), Err(SnowflakeError::MachineOutOfRange { id: max + 1, max: max as u16 }));
+        }
+        for bits in [-1, 0, 6, 9, 17, 22, i64::MAX] {
+            assert_eq!(Layout::new(bits), Err(SnowflakeError::MachineBitsOutOfRange(bits)));
+        }
+        assert_eq!(Layout::default(), Layout::new(10).unwrap());
+        // The same ID reads as another machine in another layout.
+        let twelve = Layout::new(12).unwrap();
+        let id = L.compose(Parts { millis: 5, machine_id: 1, sequence: 0 });
+        assert_eq!(twelve.decompose(id).unwrap(), Parts { millis: 5, machine_id: 4, sequence: 0 });
+    }
+
+    #[test]
+    fn a_layout_with_12_machine_bits_issues_1024_ids_a_millisecond_then_waits() {
+        let twelve = Layout::new(12).unwrap();
+        let (state, clock) = (SharedState::default(), FakeClock::at(5_000));
+        let mut last = -1;
+        for sequence in 0..1024 {
+            let id = STORE.with(|store| next_id(&state, &clock, store, EPOCH, twelve, 4_095, i64::MAX)).unwrap();
+            assert!(id > last);
+            assert_eq!(twelve.decompose(id).unwrap(), Parts { millis: 5_000, machine_id: 4_095, sequence });
+            last = id;
+        }
+        assert_eq!(clock.paused_ms.get(), 0);
+        let next = STORE.with(|store| next_id(&state, &clock, store, EPOCH, twelve, 4_095, i64::MAX)).unwrap();
+        assert_eq!(twelve.decompose(next).unwrap(), Parts { millis: 5_001, machine_id: 4_095, sequence: 0 });
+        assert!(clock.paused_ms.get() >= 1, "the 1 025th waited for the next millisecond");
+        assert_eq!(state.activity().waits_full_millisecond, 1);
     }
 
     #[test]
@@ -723,7 +851,7 @@ pub(crate) mod tests {
         let clock = FakeClock::at(1000);
         let ids: Vec<i64> = (0..5).map(|_| gen(&state, &clock).unwrap()).collect();
         for (i, id) in ids.iter().enumerate() {
-            assert_eq!(decompose(*id).unwrap(), Parts { millis: 1000, machine_id: 7, sequence: i as u16 });
+            assert_eq!(L.decompose(*id).unwrap(), Parts { millis: 1000, machine_id: 7, sequence: i as u16 });
         }
         assert_eq!(clock.paused_ms.get(), 0);
     }
@@ -736,7 +864,7 @@ pub(crate) mod tests {
         gen(&state, &clock).unwrap();
         clock.set(1001);
         let id = gen(&state, &clock).unwrap();
-        assert_eq!(decompose(id).unwrap(), Parts { millis: 1001, machine_id: 7, sequence: 0 });
+        assert_eq!(L.decompose(id).unwrap(), Parts { millis: 1001, machine_id: 7, sequence: 0 });
     }
 
     #[test]
@@ -749,11 +877,11 @@ pub(crate) mod tests {
             assert!(id > last);
             last = id;
         }
-        assert_eq!(decompose(last).unwrap().sequence, MAX_SEQUENCE);
+        assert_eq!(L.decompose(last).unwrap().sequence, L.max_sequence());
         assert_eq!(clock.paused_ms.get(), 0, "4096 IDs fit in one millisecond");
         let next = gen(&state, &clock).unwrap();
         assert_eq!(clock.paused_ms.get(), 1);
-        assert_eq!(decompose(next).unwrap(), Parts { millis: 5001, machine_id: 7, sequence: 0 });
+        assert_eq!(L.decompose(next).unwrap(), Parts { millis: 5001, machine_id: 7, sequence: 0 });
         assert!(next > last);
     }
 
@@ -766,7 +894,7 @@ pub(crate) mod tests {
         let after = gen(&state, &clock).unwrap();
         assert_eq!(clock.paused_ms.get(), 10, "waited until the clock caught up");
         assert!(after > before);
-        assert_eq!(decompose(after).unwrap(), Parts { millis: 10_000, machine_id: 7, sequence: 1 });
+        assert_eq!(L.decompose(after).unwrap(), Parts { millis: 10_000, machine_id: 7, sequence: 1 });
     }
 
     #[test]
@@ -798,7 +926,7 @@ pub(crate) mod tests {
             let read = self.now.get();
             if !self.preempted.replace(true) {
                 self.now.set(read + 34);
-                self.shared.last.store(((read + 34 - EPOCH) as u64) << SEQUENCE_BITS, Ordering::SeqCst);
+                self.shared.last.store(((read + 34 - EPOCH) as u64) << STATE_SHIFT, Ordering::SeqCst);
             }
             read
         }
@@ -809,8 +937,8 @@ pub(crate) mod tests {
     fn a_backend_paused_between_clock_and_state_is_not_refused() {
         let state = SharedState::default();
         let clock = PreemptedClock { now: Cell::new(EPOCH + 1_000), shared: &state, preempted: Cell::new(false) };
-        let id = STORE.with(|store| next_id(&state, &clock, store, EPOCH, 7, i64::MAX)).expect("a paused backend is not a clock going back");
-        assert_eq!(decompose(id).unwrap(), Parts { millis: 1_034, machine_id: 7, sequence: 1 });
+        let id = STORE.with(|store| next_id(&state, &clock, store, EPOCH, L, 7, i64::MAX)).expect("a paused backend is not a clock going back");
+        assert_eq!(L.decompose(id).unwrap(), Parts { millis: 1_034, machine_id: 7, sequence: 1 });
     }
 
     #[test]
@@ -821,7 +949,7 @@ pub(crate) mod tests {
         let mut last = 0;
         for ms in (1_000..6_000).step_by(7) {
             clock.set(ms);
-            let id = next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).unwrap();
+            let id = next_id(&state, &clock, &store, EPOCH, L, 7, i64::MAX).unwrap();
             assert!(id > last);
             last = id;
             let mark = store.mark.get().unwrap() - EPOCH;
@@ -837,12 +965,12 @@ pub(crate) mod tests {
         let state = SharedState::default();
         let clock = FakeClock::at(1_000);
         let store = MemStore::default();
-        next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).unwrap(); // reserves up to 2 000
+        next_id(&state, &clock, &store, EPOCH, L, 7, i64::MAX).unwrap(); // reserves up to 2 000
         state.busy.store(true, Ordering::Release); // a writer is in its fsync
         for ms in [1_600, 1_800, 2_000] {
             clock.set(ms);
-            let id = next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).unwrap();
-            assert_eq!(decompose(id).unwrap().millis, ms as u64);
+            let id = next_id(&state, &clock, &store, EPOCH, L, 7, i64::MAX).unwrap();
+            assert_eq!(L.decompose(id).unwrap().millis, ms as u64);
         }
         assert_eq!(store.saves.get(), 1, "the early renewal only tries the lock");
         assert_eq!(clock.paused_ms.get(), 0, "nobody waited for the writer");
@@ -853,16 +981,16 @@ pub(crate) mod tests {
         let state = SharedState::default();
         let clock = FakeClock::at(1_000);
         let store = MemStore::default();
-        next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).unwrap();
+        next_id(&state, &clock, &store, EPOCH, L, 7, i64::MAX).unwrap();
         let before = state.last_state();
         state.busy.store(true, Ordering::Release); // a writer stalled on storage
         clock.set(2_001);
-        let err = next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).unwrap_err();
+        let err = next_id(&state, &clock, &store, EPOCH, L, 7, i64::MAX).unwrap_err();
         assert_eq!(err, SnowflakeError::MarkBusy { waited_ms: MARK_WAIT_LIMIT_MS });
         assert_eq!(clock.paused_ms.get(), MARK_WAIT_LIMIT_MS, "waited in pauses (each one checks for interrupts)");
         assert_eq!(state.last_state(), before, "nothing issued past the mark");
         state.busy.store(false, Ordering::Release);
-        assert!(next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).is_ok(), "the writer done, issuing resumes");
+        assert!(next_id(&state, &clock, &store, EPOCH, L, 7, i64::MAX).is_ok(), "the writer done, issuing resumes");
     }
 
     #[test]
@@ -870,13 +998,13 @@ pub(crate) mod tests {
         for (mark, what) in [(i64::MIN, "not a time"), (EPOCH + MAX_TIMESTAMP_MS as i64 + 1, "past the last millisecond")] {
             let store = MemStore::default();
             store.mark.set(Some(mark));
-            let err = next_id(&SharedState::default(), &FakeClock::at(1_000), &store, EPOCH, 7, i64::MAX).unwrap_err();
+            let err = next_id(&SharedState::default(), &FakeClock::at(1_000), &store, EPOCH, L, 7, i64::MAX).unwrap_err();
             assert!(matches!(&err, SnowflakeError::DamagedMark { why, .. } if why.contains(what)), "{err}");
         }
         // A mark from before a later-moved epoch holds nothing back.
         let store = MemStore::default();
         store.mark.set(Some(EPOCH - 5_000));
-        assert!(next_id(&SharedState::default(), &FakeClock::at(1_000), &store, EPOCH, 7, i64::MAX).is_ok());
+        assert!(next_id(&SharedState::default(), &FakeClock::at(1_000), &store, EPOCH, L, 7, i64::MAX).is_ok());
     }
 
     /// A server restarted (fresh shared state) over the mark a previous one left.
@@ -889,22 +1017,22 @@ pub(crate) mod tests {
     #[test]
     fn after_a_restart_ids_start_above_the_mark() {
         let (state, clock, store) = restarted_at(20_000, 20_000);
-        let id = next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).unwrap();
-        assert_eq!(decompose(id).unwrap().millis, 20_001, "never at the reserved millisecond itself");
+        let id = next_id(&state, &clock, &store, EPOCH, L, 7, i64::MAX).unwrap();
+        assert_eq!(L.decompose(id).unwrap().millis, 20_001, "never at the reserved millisecond itself");
     }
 
     #[test]
     fn after_a_restart_a_clock_behind_the_mark_within_the_reservation_waits() {
         let (state, clock, store) = restarted_at(20_000 - 600, 20_000);
-        let id = next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).unwrap();
-        assert_eq!(decompose(id).unwrap().millis, 20_001);
+        let id = next_id(&state, &clock, &store, EPOCH, L, 7, i64::MAX).unwrap();
+        assert_eq!(L.decompose(id).unwrap().millis, 20_001);
         assert_eq!(clock.paused_ms.get(), 601);
     }
 
     #[test]
     fn after_a_restart_a_clock_far_behind_the_mark_is_refused() {
         let (state, clock, store) = restarted_at(400_000 - 300_000, 400_000);
-        let err = next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).unwrap_err();
+        let err = next_id(&state, &clock, &store, EPOCH, L, 7, i64::MAX).unwrap_err();
         assert_eq!(err, SnowflakeError::ClockBehind { behind_ms: 300_000, allowed_ms: RESERVE_AHEAD_MS + MAX_BACKWARD_WAIT_MS });
         assert!(err.to_string().contains("300000 ms behind"), "{err}");
         assert_eq!(clock.paused_ms.get(), 0);
@@ -913,10 +1041,10 @@ pub(crate) mod tests {
     #[test]
     fn once_an_id_is_issued_after_a_restart_the_10ms_rule_applies_again() {
         let (state, clock, store) = restarted_at(20_100, 20_000);
-        next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).unwrap();
+        next_id(&state, &clock, &store, EPOCH, L, 7, i64::MAX).unwrap();
         clock.set(20_100 - 50);
         assert_eq!(
-            next_id(&state, &clock, &store, EPOCH, 7, i64::MAX),
+            next_id(&state, &clock, &store, EPOCH, L, 7, i64::MAX),
             Err(SnowflakeError::ClockBehind { behind_ms: 50, allowed_ms: 10 })
         );
     }
@@ -927,10 +1055,10 @@ pub(crate) mod tests {
         let clock = FakeClock::at(1_000);
         let store = MemStore::default();
         store.fail.set(true);
-        assert!(matches!(next_id(&state, &clock, &store, EPOCH, 7, i64::MAX), Err(SnowflakeError::MarkStore(_))));
+        assert!(matches!(next_id(&state, &clock, &store, EPOCH, L, 7, i64::MAX), Err(SnowflakeError::MarkStore(_))));
         assert_eq!(state.last_state(), 0);
         store.fail.set(false);
-        assert!(next_id(&state, &clock, &store, EPOCH, 7, i64::MAX).is_ok());
+        assert!(next_id(&state, &clock, &store, EPOCH, L, 7, i64::MAX).is_ok());
     }
 
     #[test]
@@ -938,15 +1066,21 @@ pub(crate) mod tests {
         let dir = std::env::temp_dir().join(format!("ticket-core-mark-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("mark");
-        let space = IdSpace::with_epoch(EPOCH);
+        let space = IdSpace::new(EPOCH, L);
         let store = FileMarkStore { path: &path, space };
         assert_eq!(store.load(), Ok(None));
         store.save(1_767_225_600_123).unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("1767225600123 epoch_ms={EPOCH} machine_bits=10\n"));
         assert_eq!(FileMarkStore { path: &path, space }.load(), Ok(Some(1_767_225_600_123)));
-        // A mark of 0.2.0 records no space: it is the one configured.
+        // A mark of 0.2.0 records no space: the epoch configured, in 0.2.0's
+        // one layout — a server set for another layout refuses it.
         std::fs::write(&path, "1767225600124\n").unwrap();
         assert_eq!(store.load(), Ok(Some(1_767_225_600_124)));
+        let wider = IdSpace::new(EPOCH, Layout::new(12).unwrap());
+        assert_eq!(
+            FileMarkStore { path: &path, space: wider }.load(),
+            Err(SnowflakeError::OtherIdSpace { location: store.location(), recorded: space, configured: wider })
+        );
         for damaged in ["garbage\n", "1767225600123", "17672256\n0\n", "", "1 epoch_ms=5\n", "1 epoch_ms=x machine_bits=10\n", "1 other=2\n"] {
             std::fs::write(&path, damaged).unwrap();
             let err = store.load().unwrap_err();
@@ -963,14 +1097,14 @@ pub(crate) mod tests {
         let (state, store) = (SharedState::default(), MemStore::default());
         let clock = FakeClock::at(1_000);
         let cap = EPOCH + 5_000;
-        let first = next_id(&state, &clock, &store, EPOCH, 7, cap).unwrap();
+        let first = next_id(&state, &clock, &store, EPOCH, L, 7, cap).unwrap();
         let mark = store.mark.get();
         clock.set(3_600_000); // the wall clock stepped an hour forward
-        assert_eq!(next_id(&state, &clock, &store, EPOCH, 7, cap), Err(SnowflakeError::PastLease { stamp_cap_unix_ms: cap }));
-        assert_eq!(state.last_state() >> SEQUENCE_BITS, 1_000, "the stepped clock left no trace in the state");
+        assert_eq!(next_id(&state, &clock, &store, EPOCH, L, 7, cap), Err(SnowflakeError::PastLease { stamp_cap_unix_ms: cap }));
+        assert_eq!(state.last_millis(), Some(1_000), "the stepped clock left no trace in the state");
         assert_eq!(store.mark.get(), mark, "nor in the mark");
         clock.set(1_001); // stepped back: stamps go on
-        assert!(next_id(&state, &clock, &store, EPOCH, 7, cap).unwrap() > first);
+        assert!(next_id(&state, &clock, &store, EPOCH, L, 7, cap).unwrap() > first);
     }
 
     #[test]
@@ -978,16 +1112,16 @@ pub(crate) mod tests {
         let dir = std::env::temp_dir().join(format!("ticket-core-space-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("mark");
-        FileMarkStore { path: &path, space: IdSpace::with_epoch(EPOCH) }.save(EPOCH + 5_000).unwrap();
-        let later = IdSpace::with_epoch(EPOCH + 151 * 86_400_000);
+        FileMarkStore { path: &path, space: IdSpace::new(EPOCH, L) }.save(EPOCH + 5_000).unwrap();
+        let later = IdSpace::new(EPOCH + 151 * 86_400_000, L);
         let err = FileMarkStore { path: &path, space: later }.load().unwrap_err();
-        assert_eq!(err, SnowflakeError::OtherIdSpace { location: FileMarkStore { path: &path, space: later }.location(), recorded: IdSpace::with_epoch(EPOCH), configured: later });
+        assert_eq!(err, SnowflakeError::OtherIdSpace { location: FileMarkStore { path: &path, space: later }.location(), recorded: IdSpace::new(EPOCH, L), configured: later });
         let text = err.to_string();
         assert!(text.contains("epoch 2026-01-01 00:00:00 UTC") && text.contains("epoch 2026-06-01 00:00:00 UTC"), "{text}");
         // And the generator refuses to issue from it.
         let state = SharedState::default();
         let clock = FakeClock::at(200 * 86_400_000);
-        assert!(matches!(next_id(&state, &clock, &FileMarkStore { path: &path, space: later }, later.epoch_unix_ms, 7, i64::MAX), Err(SnowflakeError::OtherIdSpace { .. })));
+        assert!(matches!(next_id(&state, &clock, &FileMarkStore { path: &path, space: later }, later.epoch_unix_ms, L, 7, i64::MAX), Err(SnowflakeError::OtherIdSpace { .. })));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
@@ -1017,34 +1151,34 @@ pub(crate) mod tests {
         let floor = EPOCH + 50_000;
         let state = SharedState::starting_after(floor, EPOCH);
         let ahead = FakeClock::at(50_001);
-        let id = next_id(&state, &ahead, &NoStore, EPOCH, 7, i64::MAX).unwrap();
-        assert_eq!(decompose(id).unwrap().millis, 50_001);
+        let id = next_id(&state, &ahead, &NoStore, EPOCH, L, 7, i64::MAX).unwrap();
+        assert_eq!(L.decompose(id).unwrap().millis, 50_001);
 
         let state = SharedState::starting_after(floor, EPOCH);
         let slightly_behind = FakeClock::at(49_995);
-        let id = next_id(&state, &slightly_behind, &NoStore, EPOCH, 7, i64::MAX).unwrap();
-        assert_eq!(decompose(id).unwrap().millis, 50_001, "never at the floor itself");
+        let id = next_id(&state, &slightly_behind, &NoStore, EPOCH, L, 7, i64::MAX).unwrap();
+        assert_eq!(L.decompose(id).unwrap().millis, 50_001, "never at the floor itself");
 
         let state = SharedState::starting_after(floor, EPOCH);
         assert_eq!(
-            next_id(&state, &FakeClock::at(49_000), &NoStore, EPOCH, 7, i64::MAX),
+            next_id(&state, &FakeClock::at(49_000), &NoStore, EPOCH, L, 7, i64::MAX),
             Err(SnowflakeError::ClockBehind { behind_ms: 1_000, allowed_ms: MAX_BACKWARD_WAIT_MS })
         );
         // A floor before the epoch (an id never leased: 0) holds nothing back.
         let state = SharedState::starting_after(0, EPOCH);
-        assert_eq!(decompose(next_id(&state, &FakeClock::at(5), &NoStore, EPOCH, 7, i64::MAX).unwrap()).unwrap().millis, 5);
+        assert_eq!(L.decompose(next_id(&state, &FakeClock::at(5), &NoStore, EPOCH, L, 7, i64::MAX).unwrap()).unwrap().millis, 5);
     }
 
     #[test]
     fn a_raised_floor_holds_later_ids_above_it() {
         let state = SharedState::starting_after(0, EPOCH);
         let clock = FakeClock::at(1_000);
-        next_id(&state, &clock, &NoStore, EPOCH, 1, i64::MAX).unwrap();
+        next_id(&state, &clock, &NoStore, EPOCH, L, 1, i64::MAX).unwrap();
         state.raise_floor(EPOCH + 1_005, EPOCH);
-        let id = next_id(&state, &clock, &NoStore, EPOCH, 2, i64::MAX).unwrap();
-        assert_eq!(decompose(id).unwrap().millis, 1_006, "waited out 5 ms to pass the floor");
+        let id = next_id(&state, &clock, &NoStore, EPOCH, L, 2, i64::MAX).unwrap();
+        assert_eq!(L.decompose(id).unwrap().millis, 1_006, "waited out 5 ms to pass the floor");
         state.raise_floor(EPOCH + 10, EPOCH);
-        assert_eq!(decompose(next_id(&state, &clock, &NoStore, EPOCH, 2, i64::MAX).unwrap()).unwrap().millis, 1_006, "a lower floor changes nothing");
+        assert_eq!(L.decompose(next_id(&state, &clock, &NoStore, EPOCH, L, 2, i64::MAX).unwrap()).unwrap().millis, 1_006, "a lower floor changes nothing");
     }
 
     #[test]
@@ -1061,7 +1195,7 @@ pub(crate) mod tests {
         let state = SharedState::starting_after(0, EPOCH);
         let per_thread: Vec<Vec<i64>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..4)
-                .map(|_| s.spawn(|| (0..20_000).map(|_| next_id(&state, &SystemClock, &NoStore, EPOCH, 1, i64::MAX).unwrap()).collect::<Vec<_>>()))
+                .map(|_| s.spawn(|| (0..20_000).map(|_| next_id(&state, &SystemClock, &NoStore, EPOCH, L, 1, i64::MAX).unwrap()).collect::<Vec<_>>()))
                 .collect();
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });

@@ -243,6 +243,23 @@ pub fn refused_start(dir: &str, port: u16, line: &str) -> String {
     std::fs::read_to_string(format!("{dir}/server.log")).unwrap()
 }
 
+/// Starts the stopped `cluster` again with `lines` added to its
+/// postgresql.conf, which must refuse to start (`why` says why it must);
+/// returns its log.
+pub fn refused_restart(cluster: &Cluster, lines: &str, why: &str) -> String {
+    let conf = cluster.data_dir().join("postgresql.conf");
+    let mut text = std::fs::read_to_string(&conf).unwrap();
+    text.push_str(lines);
+    std::fs::write(&conf, &text).unwrap();
+    let status = Command::new(repo_root().join("scripts/cluster.sh"))
+        .args(["up", cluster.dir.to_str().unwrap()])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!status.success(), "{why}");
+    std::fs::read_to_string(cluster.dir.join("server.log")).unwrap()
+}
+
 /// The SQLSTATE of a failed statement, or "" if it did not fail with one.
 pub fn sqlstate(err: &postgres::Error) -> String {
     err.code().map(|c| c.code().to_string()).unwrap_or_default()

@@ -12,7 +12,10 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use ticket_client::{GeneratorConfig, LeasedGenerator};
-use ticket_core::snowflake::decompose;
+use ticket_core::snowflake::Layout;
+
+/// The layout these tests' servers and registries use (the default).
+const L: Layout = Layout::DEFAULT;
 
 const EPOCH_MS: i64 = 1_767_225_600_000;
 
@@ -36,7 +39,7 @@ fn records(path: &Path) -> Vec<(i64, i64)> {
 }
 
 fn stamp_ms(id: i64) -> i64 {
-    EPOCH_MS + decompose(id).unwrap().millis as i64
+    EPOCH_MS + L.decompose(id).unwrap().millis as i64
 }
 
 fn now_ms() -> i64 {
@@ -101,7 +104,7 @@ fn eight_processes_killed_and_restarted_with_the_registry_restarted_never_share_
     }
     let all: Vec<(i64, i64)> = files.iter().flat_map(|f| records(f)).collect();
     let ids: Vec<i64> = all.iter().map(|r| r.0).collect();
-    let machines: std::collections::HashSet<u16> = ids.iter().map(|&id| decompose(id).unwrap().machine_id).collect();
+    let machines: std::collections::HashSet<u16> = ids.iter().map(|&id| L.decompose(id).unwrap().machine_id).collect();
     eprintln!(
         "churn: {} IDs from {} processes ({kills} killed, {clean_exits} finished and released), {} machine ids, registry restarted once, in {:?}",
         ids.len(),
@@ -115,7 +118,7 @@ fn eight_processes_killed_and_restarted_with_the_registry_restarted_never_share_
     // Each lease (token) stamped with one machine id only.
     let mut machine_of: HashMap<i64, u16> = HashMap::new();
     for (id, token) in &all {
-        let m = decompose(*id).unwrap().machine_id;
+        let m = L.decompose(*id).unwrap().machine_id;
         assert_eq!(*machine_of.entry(*token).or_insert(m), m, "lease {token} stamped two machine ids");
     }
 }

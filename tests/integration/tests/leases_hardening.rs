@@ -11,7 +11,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use ticket_client::{BlockPool, GeneratorConfig, LeasedGenerator, PoolConfig};
-use ticket_core::snowflake::decompose;
+use ticket_core::snowflake::Layout;
+
+/// The layout these tests' servers and registries use (the default).
+const L: Layout = Layout::DEFAULT;
 
 fn now_ms() -> i64 {
     SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as i64
@@ -217,8 +220,8 @@ fn a_terminated_lease_worker_withdraws_releases_and_is_restarted() {
         let (machine, last): (i32, Option<i64>) = (row.get(0), row.get(1));
         let last = last.expect("the release reports its last stamp");
         let epoch_ms = 1_767_225_600_000;
-        for id in ids.iter().filter(|&&id| i32::from(decompose(id).unwrap().machine_id) == machine) {
-            let stamp = epoch_ms + decompose(*id).unwrap().millis as i64;
+        for id in ids.iter().filter(|&&id| i32::from(L.decompose(id).unwrap().machine_id) == machine) {
+            let stamp = epoch_ms + L.decompose(*id).unwrap().millis as i64;
             assert!(stamp <= last, "id {id} stamped at {stamp} after the released lease's reported last stamp {last}");
         }
     }
@@ -377,7 +380,7 @@ fn a_clock_stepped_forward_on_a_running_server_stops_its_snowflakes() {
         match db.query_one("SELECT snowflake_id()", &[]) {
             Ok(row) => {
                 let id: i64 = row.get(0);
-                let stamp = 1_767_225_600_000 + decompose(id).unwrap().millis as i64;
+                let stamp = 1_767_225_600_000 + L.decompose(id).unwrap().millis as i64;
                 panic!("stamped {} ms ahead of the registry's clock after the step", stamp - now_ms());
             }
             Err(e) => {
@@ -558,7 +561,7 @@ fn a_reloaded_registry_setting_moves_the_lease_without_overlap() {
         &["pg_ticket.machine_id = -1", &format!("pg_ticket.registry = '{}'", old.dsn()), "pg_ticket.machine_lease_ttl = '30s'"],
     );
     let mut db = server.connect();
-    let machine = |db: &mut Client| db.query_one("SELECT snowflake_id()", &[]).ok().map(|r| decompose(r.get(0)).unwrap().machine_id);
+    let machine = |db: &mut Client| db.query_one("SELECT snowflake_id()", &[]).ok().map(|r| L.decompose(r.get(0)).unwrap().machine_id);
     wait_until("a lease from the old registry", Duration::from_secs(20), || machine(&mut db) == Some(5));
     let stop = Arc::new(AtomicBool::new(false));
     let drawing = {
@@ -586,10 +589,10 @@ fn a_reloaded_registry_setting_moves_the_lease_without_overlap() {
     assert_eq!(state, "released", "the old registry's lease ended when the setting changed");
     let last = last.expect("released with its last stamp");
     let epoch_ms = 1_767_225_600_000;
-    let old_ids: Vec<i64> = ids.iter().copied().filter(|&id| decompose(id).unwrap().machine_id == 5).collect();
-    assert!(!old_ids.is_empty() && ids.iter().any(|&id| decompose(id).unwrap().machine_id == 9), "IDs under both leases");
+    let old_ids: Vec<i64> = ids.iter().copied().filter(|&id| L.decompose(id).unwrap().machine_id == 5).collect();
+    assert!(!old_ids.is_empty() && ids.iter().any(|&id| L.decompose(id).unwrap().machine_id == 9), "IDs under both leases");
     for id in old_ids {
-        let stamp = epoch_ms + decompose(id).unwrap().millis as i64;
+        let stamp = epoch_ms + L.decompose(id).unwrap().millis as i64;
         assert!(stamp <= last, "id {id} stamped at {stamp} after the old lease's reported last stamp {last}");
     }
     let held: String = new.connect().query_one("SELECT state FROM pgticket.machine_leases WHERE machine_id = 9", &[]).unwrap().get(0);

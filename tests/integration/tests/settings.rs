@@ -1,6 +1,6 @@
 //! The snowflake settings as a server administrator sets them.
 
-use pg_ticket_integration::{pg_tool, refused_start, sqlstate, Cluster};
+use pg_ticket_integration::{pg_tool, refused_restart, refused_start, sqlstate, Cluster};
 
 #[test]
 fn a_custom_epoch_and_machine_id_are_stamped_into_ids() {
@@ -68,17 +68,7 @@ fn an_epoch_changed_after_use_is_refused_at_start_and_a_database_of_another_spac
     drop(db);
     c.stop();
     // The same data directory with a later epoch: refused at start.
-    let conf = c.data_dir().join("postgresql.conf");
-    let mut text = std::fs::read_to_string(&conf).unwrap();
-    text.push_str("pg_ticket.epoch = '2026-06-01'\n");
-    std::fs::write(&conf, &text).unwrap();
-    let start = std::process::Command::new(pg_ticket_integration::repo_root().join("scripts/cluster.sh"))
-        .args(["up", c.dir.to_str().unwrap()])
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(!start.success(), "a server whose IDs were made with another epoch must not start");
-    let log = std::fs::read_to_string(c.dir.join("server.log")).unwrap();
+    let log = refused_restart(&c, "pg_ticket.epoch = '2026-06-01'\n", "a server whose IDs were made with another epoch must not start");
     assert!(
         log.contains("were made with epoch 2026-01-01 00:00:00 UTC and 10 machine bits, but this server is set for epoch 2026-06-01 00:00:00 UTC"),
         "{log}"

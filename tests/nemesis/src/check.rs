@@ -94,12 +94,12 @@ fn machine_ids_held_once(events: &[Event], generators: &[ClientIds], found: &mut
     for e in events {
         if let Event::Snowflakes { source, ids, .. } = e {
             let list = by_source.entry(source.as_str()).or_default();
-            list.extend(ids.iter().filter_map(|id| ticket_core::snowflake::decompose(*id).ok()).map(|p| (p.millis, p.machine_id)));
+            list.extend(ids.iter().filter_map(|id| ticket_core::snowflake::Layout::DEFAULT.decompose(*id).ok()).map(|p| (p.millis, p.machine_id)));
         }
     }
     for g in generators {
         let list = by_source.entry(g.source.as_str()).or_default();
-        list.extend(g.ids.iter().filter_map(|id| ticket_core::snowflake::decompose(*id).ok()).map(|p| (p.millis, p.machine_id)));
+        list.extend(g.ids.iter().filter_map(|id| ticket_core::snowflake::Layout::DEFAULT.decompose(*id).ok()).map(|p| (p.millis, p.machine_id)));
     }
     // (machine id, first ms, last ms, source)
     let mut runs: Vec<(u16, u64, u64, &str)> = Vec::new();

@@ -1,0 +1,100 @@
+//! Machine bits sized for churn (SPEC §15, issue #21): `pg_ticket.machine_bits`
+//! splits the 22 bits below a snowflake's timestamp between machine id and
+//! sequence; the server stamps, decodes and reports in it, refuses to start
+//! once its IDs were made in another, and a registry leases ids up to its
+//! size with the layout in every grant, which the client stamps in.
+
+use pg_ticket_integration::{refused_restart, refused_start, sqlstate, Cluster};
+use std::collections::HashSet;
+use std::time::Duration;
+use ticket_client::{GeneratorConfig, LeasedGenerator};
+
+#[test]
+fn a_server_with_12_machine_bits_stamps_decodes_and_reports_them_and_refuses_to_start_with_10() {
+    let c = Cluster::start("layout-12", 55526, &["pg_ticket.machine_bits = 12", "pg_ticket.machine_id = 3000"]);
+    let mut db = c.connect();
+    let ids: Vec<i64> = db.query_one("SELECT array_agg(snowflake_id() ORDER BY g) FROM generate_series(1, 20000) g", &[]).unwrap().get(0);
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), ids.len(), "no ID twice");
+    assert!(ids.windows(2).all(|w| w[0] < w[1]), "increasing");
+    let rows = db
+        .query("SELECT d.machine_id, d.sequence FROM unnest($1::bigint[]) id, snowflake_decode(id) d", &[&ids])
+        .unwrap();
+    assert!(rows.iter().all(|r| r.get::<_, i32>(0) == 3000), "machine id 3000 needs 12 bits: decoded in them");
+    let top = rows.iter().map(|r| r.get::<_, i32>(1)).max().unwrap();
+    assert!(top <= 1023, "10 bits of sequence: {top}");
+    for id in &ids {
+        assert_eq!((id >> 10) & 4095, 3000, "the machine id sits above 10 sequence bits in {id}");
+    }
+    let (bits, status_bits): (i32, i32) = {
+        let r = db.query_one("SELECT (SELECT machine_bits FROM snowflake_id_space()), machine_bits FROM pgticket.status", &[]).unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!((bits, status_bits), (12, 12));
+    // The range of a millisecond covers every ID of it, in this layout too.
+    let inside: bool = db
+        .query_one("SELECT bool_and(id BETWEEN snowflake_min_id(d.created_at) AND snowflake_max_id(d.created_at)) FROM unnest($1::bigint[]) id, snowflake_decode(id) d", &[&ids])
+        .unwrap()
+        .get(0);
+    assert!(inside);
+    drop(db);
+    c.stop();
+
+    // The same data directory set back to 10 bits: its IDs would read as
+    // other machines' (and 3000 is no 10-bit id): refused, naming both.
+    let log = refused_restart(
+        &c,
+        "pg_ticket.machine_bits = 10\npg_ticket.machine_id = 7\n",
+        "a server whose IDs were made with 12 machine bits must not start with 10",
+    );
+    assert!(
+        log.contains("pg_ticket.machine_bits: the snowflake IDs of file")
+            && log.contains("were made with epoch 2026-01-01 00:00:00 UTC and 12 machine bits, but this server is set for epoch 2026-01-01 00:00:00 UTC and 10 machine bits"),
+        "{log}"
+    );
+}
+
+#[test]
+fn machine_bits_out_of_range_and_a_machine_id_beyond_them_stop_the_server() {
+    for bad in ["9", "17", "x"] {
+        let log = refused_start("/tmp/pgt-bad-bits", 55527, &format!("pg_ticket.machine_bits = '{bad}'"));
+        assert!(log.contains("pg_ticket.machine_bits:"), "{bad}: {log}");
+    }
+    // 3000 is a machine id of 12 bits, not of the default 10.
+    let log = refused_start("/tmp/pgt-bad-bits", 55527, "pg_ticket.machine_id = 3000");
+    assert!(log.contains("pg_ticket.machine_id: machine id 3000 is out of range 0-1023"), "{log}");
+}
+
+#[test]
+fn a_registry_with_12_machine_bits_leases_ids_beyond_1023_and_its_clients_stamp_in_12_bits() {
+    let registry = Cluster::start("layout-registry", 55528, &["pg_ticket.machine_bits = 12", "pg_ticket.lease_ids = '4000-4095'"]);
+    let mut db = registry.connect();
+    // Ids past the layout are refused when set, and the list stays.
+    let err = db.batch_execute("ALTER SYSTEM SET pg_ticket.lease_ids = '4000-4096'").unwrap_err();
+    assert_eq!(sqlstate(&err), "22023", "{err}");
+    let row = db.query_one("SELECT machine_id, machine_bits, epoch_ms FROM lease_machine_id('sql-holder', '10 s')", &[]).unwrap();
+    let (id, bits): (i32, i32) = (row.get(0), row.get(1));
+    assert!((4000..=4095).contains(&id), "{id}");
+    assert_eq!(bits, 12, "a grant carries the layout");
+
+    let mut config = GeneratorConfig::new(registry.dsn(), "layout-client");
+    config.ttl = Duration::from_secs(10);
+    let generator = LeasedGenerator::start(config).unwrap();
+    let grant = generator.wait_for_lease(Duration::from_secs(10)).unwrap();
+    assert_eq!(grant.layout.machine_bits(), 12);
+    assert!((4000..=4095).contains(&grant.machine_id) && i32::from(grant.machine_id) != id, "{grant:?}");
+    let ids: Vec<i64> = (0..50_000).map(|_| generator.next_id().unwrap()).collect();
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), ids.len());
+    for id in &ids {
+        let parts = grant.layout.decompose(*id).unwrap();
+        assert_eq!(parts.machine_id, grant.machine_id, "{id}");
+        assert!(parts.sequence <= 1023);
+    }
+    // The registry's server reads them the same way.
+    let decoded: Vec<i32> = db
+        .query_one("SELECT array_agg(DISTINCT d.machine_id) FROM unnest($1::bigint[]) id, snowflake_decode(id) d", &[&ids])
+        .unwrap()
+        .get(0);
+    assert_eq!(decoded, vec![i32::from(grant.machine_id)]);
+    drop(generator);
+    registry.stop();
+}
