@@ -166,7 +166,7 @@ fn snowflake_min_id(at: Option<TimestampWithTimeZone>) -> i64 {
 }
 
 /// The highest snowflake ID any machine can have in the millisecond of `at`
-/// (machine 1023, sequence 4095).
+/// (the last machine id and sequence: all 22 low bits set, in every layout).
 #[pg_extern(stable, parallel_safe)]
 fn snowflake_max_id(at: Option<TimestampWithTimeZone>) -> i64 {
     snowflake::id_range_of_millisecond(unix_ms_of(at), "snowflake_max_id").1

@@ -152,6 +152,14 @@ pub fn init() -> Option<Preloaded> {
     // Read before it is defined: a bad value in postgresql.conf would
     // otherwise be a WARNING and the default, 0-1023.
     let lease_ids_configured = raw_setting(c"pg_ticket.lease_ids");
+    // A bad layout stops a preloading server, named; a registry that loads
+    // the library on demand refuses its leases instead (registry_space).
+    let registry_layout = registry_layout().unwrap_or_else(|e| {
+        if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+            pgrx::error!("{e}");
+        }
+        Layout::WIDEST
+    });
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
             c"pg_ticket.lease_ids",
@@ -165,7 +173,6 @@ pub fn init() -> Option<Preloaded> {
             None,
         );
     }
-    let registry_layout = registry_layout().unwrap_or_else(|e| pgrx::error!("{e}"));
     if let Some(Err(e)) = lease_ids_configured.as_deref().map(|text| parse_id_list(text, registry_layout)) {
         if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
             pgrx::error!("pg_ticket.lease_ids: {e}");
@@ -185,7 +192,7 @@ pub fn init() -> Option<Preloaded> {
             // two servers of one keyspace both on 0 would share IDs.
             MACHINE_ID_DEFAULT.store(true, Ordering::Relaxed);
             pgrx::warning!(
-                "pg_ticket.machine_id is not set: snowflake_id() stamps machine id 0; every server issuing snowflakes into one keyspace needs its own (set 0-1023, or -1 to lease one from pg_ticket.registry)"
+                "pg_ticket.machine_id is not set: snowflake_id() stamps machine id 0; every server issuing snowflakes into one keyspace needs its own (set 0-1023, or up to the last id of pg_ticket.machine_bits, or -1 to lease one from pg_ticket.registry)"
             );
             MachineId::Fixed(0)
         }
@@ -223,7 +230,7 @@ pub fn init() -> Option<Preloaded> {
             c"Servers issuing snowflake IDs into one keyspace must each have a different machine id.",
             &MACHINE_ID,
             -1,
-            i32::from(Layout::new(i64::from(Layout::MAX_MACHINE_BITS)).expect("the widest layout").max_machine_id()),
+            i32::from(Layout::WIDEST.max_machine_id()),
             GucContext::Postmaster,
             GucFlags::default(),
             Some(check_machine_id_setting),
@@ -506,7 +513,7 @@ unsafe extern "C-unwind" fn assign_lease_ids(_newval: *const c_char, _extra: *mu
 
 #[pg_guard]
 unsafe extern "C-unwind" fn check_lease_ids(newval: *mut *mut c_char, _extra: *mut *mut c_void, _source: pg_sys::GucSource::Type) -> bool {
-    unsafe { check_string(newval, false, |text| parse_id_list(text, registry_layout()?).map(|_| ()).map_err(|e| e.to_string())) }
+    unsafe { check_string(newval, false, |text| parse_id_list(text, registry_layout().unwrap_or(Layout::WIDEST)).map(|_| ()).map_err(|e| e.to_string())) }
 }
 
 pub fn lease_margin_ms() -> i64 {
@@ -532,13 +539,13 @@ pub fn lease_ids() -> Result<Vec<u16>, crate::errors::TicketError> {
 
 /// The ID space's epoch for a registry: this server's snowflake epoch, or,
 /// without preloading, the configured one as written.
-pub fn registry_epoch_unix_ms() -> i64 {
+pub fn registry_epoch_unix_ms() -> Result<i64, String> {
     if preloaded() {
-        return epoch_unix_ms();
+        return Ok(epoch_unix_ms());
     }
-    match configured(c"pg_ticket.epoch") {
-        None => DEFAULT_EPOCH_UNIX_MS,
-        Some(text) => parse_epoch_ms(&text).unwrap_or_else(|e| pgrx::error!("pg_ticket.epoch: {e}")),
+    match configured(c"pg_ticket.epoch")?.filter(|text| !text.is_empty()) {
+        None => Ok(DEFAULT_EPOCH_UNIX_MS),
+        Some(text) => parse_epoch_ms(&text).map_err(|e| format!("pg_ticket.epoch: {e}")),
     }
 }
 
@@ -548,7 +555,7 @@ pub fn registry_layout() -> Result<Layout, String> {
     if preloaded() {
         return Ok(layout());
     }
-    match configured(c"pg_ticket.machine_bits") {
+    match configured(c"pg_ticket.machine_bits")? {
         None => Ok(Layout::DEFAULT),
         Some(text) => parse_int_as_postgres(&text)
             .ok_or_else(|| format!("{text:?} is not a whole number"))
@@ -557,15 +564,50 @@ pub fn registry_layout() -> Result<Layout, String> {
     }
 }
 
-/// The value the configuration gives a setting this backend has not
-/// defined (its placeholder's reset value), not one a session SET on the
-/// placeholder: any role can set a placeholder.
-fn configured(name: &CStr) -> Option<String> {
-    raw_setting(name)?;
+/// The value the server's configuration (its files, ALTER SYSTEM, its
+/// command line) gives a setting this backend has not defined: the
+/// placeholder's reset value, when it came from there. Not a session SET
+/// (any role can set a placeholder), and not a connection's options, ALTER
+/// ROLE or ALTER DATABASE, which become the reset value too: those are
+/// refused, since a registry's first lease records the space for good.
+fn configured(name: &CStr) -> Result<Option<String>, String> {
+    if raw_setting(name).is_none() {
+        return Ok(None);
+    }
+    use pg_sys::GucSource::*;
+    let set_by = match reset_source(name) {
+        Some(PGC_S_GLOBAL) => Some("ALTER ROLE ALL ... SET"),
+        Some(PGC_S_DATABASE) => Some("ALTER DATABASE ... SET"),
+        Some(PGC_S_USER) => Some("ALTER ROLE ... SET"),
+        Some(PGC_S_DATABASE_USER) => Some("ALTER ROLE ... IN DATABASE ... SET"),
+        Some(source) if source > PGC_S_ARGV => Some("the connection's options (PGOPTIONS, options=-c)"),
+        _ => None,
+    };
+    if let Some(set_by) = set_by {
+        return Err(format!(
+            "{} is set by {set_by}, not by the server's configuration: a registry leases only in the ID space its postgresql.conf names; remove that setting",
+            name.to_string_lossy()
+        ));
+    }
     let reset = unsafe { pg_sys::GetConfigOptionResetString(name.as_ptr()) };
-    (!reset.is_null())
-        .then(|| unsafe { CStr::from_ptr(reset) }.to_string_lossy().into_owned())
-        .filter(|text| !text.is_empty())
+    Ok((!reset.is_null()).then(|| unsafe { CStr::from_ptr(reset) }.to_string_lossy().into_owned()))
+}
+
+/// Where the reset value of the setting `name` came from (None: no such
+/// setting).
+fn reset_source(name: &CStr) -> Option<pg_sys::GucSource::Type> {
+    unsafe {
+        #[cfg(feature = "pg15")]
+        let found = {
+            let variables = pg_sys::get_guc_variables();
+            (0..pg_sys::GetNumConfigOptions().max(0) as usize)
+                .map(|i| *variables.add(i))
+                .find(|v| !v.is_null() && CStr::from_ptr((**v).name).to_bytes().eq_ignore_ascii_case(name.to_bytes()))
+        };
+        #[cfg(not(feature = "pg15"))]
+        let found = Some(pg_sys::find_option(name.as_ptr(), false, true, pgrx::PgLogLevel::ERROR as i32)).filter(|v| !v.is_null());
+        found.map(|v| (*v).reset_source)
+    }
 }
 
 /// The machine id this server stamps into snowflake_id(), if it can issue any.

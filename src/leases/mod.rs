@@ -32,7 +32,7 @@ fn ttl_ms(ttl: Option<Interval>) -> i64 {
 
 fn machine_id_arg(machine_id: Option<i32>) -> u16 {
     let id = required("machine_id", machine_id);
-    let layout = settings::registry_layout().unwrap_or_else(|e| pgrx::error!("{e}"));
+    let layout = settings::registry_layout().map_err(TicketError::BadConfiguration).or_raise();
     layout.check_machine_id(i64::from(id)).or_raise()
 }
 

@@ -18,7 +18,7 @@ use pgrx::prelude::*;
 use std::cell::Cell;
 use ticket_core::snowflake::{IdSpace, Layout, SnowflakeError};
 
-use crate::errors::TicketError;
+use crate::errors::{OrRaise, TicketError};
 use crate::{settings, state_tables};
 
 thread_local! {
@@ -31,14 +31,15 @@ thread_local! {
 /// (also without preloading: those its configuration names).
 #[pg_extern(stable, parallel_safe)]
 fn snowflake_id_space() -> TableIterator<'static, (name!(epoch_ms, i64), name!(machine_bits, i32))> {
-    let space = configured();
+    let space = configured().or_raise();
     TableIterator::once((space.epoch_unix_ms, space.machine_bits as i32))
 }
 
 /// The space this server is set for.
-fn configured() -> IdSpace {
-    let layout = settings::registry_layout().unwrap_or_else(|e| pgrx::error!("{e}"));
-    IdSpace::new(settings::registry_epoch_unix_ms(), layout)
+fn configured() -> Result<IdSpace, TicketError> {
+    let epoch_unix_ms = settings::registry_epoch_unix_ms().map_err(TicketError::BadConfiguration)?;
+    let layout = settings::registry_layout().map_err(TicketError::BadConfiguration)?;
+    Ok(IdSpace::new(epoch_unix_ms, layout))
 }
 
 /// Any change of the recorded space reaches every backend at its next
@@ -80,7 +81,7 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
         return Ok(None);
     };
     state_tables::check_change_trigger(table, "id_space");
-    let mine = configured();
+    let mine = configured()?;
     let spaces = state_tables::as_owner_of(table, || {
         Spi::connect_mut(|client| {
             let mut spaces = client
@@ -124,7 +125,10 @@ pub fn registry_space() -> Result<(i64, Layout), TicketError> {
     if settings::preloaded() {
         check_database()?;
     }
-    let space = recorded()?.unwrap_or_else(configured);
+    let space = match recorded()? {
+        Some(space) => space,
+        None => configured()?,
+    };
     let layout = space.layout().ok_or_else(|| {
         TicketError::BadConfiguration(format!(
             "this database's recorded ID space (pgticket.id_space) has {} machine bits, which no layout has",

@@ -99,6 +99,8 @@ impl Layout {
     pub const MIN_MACHINE_BITS: u32 = 10;
     /// At least 64 IDs per machine per millisecond.
     pub const MAX_MACHINE_BITS: u32 = LOW_BITS - 6;
+    /// The most machine ids a layout has.
+    pub const WIDEST: Layout = Layout { machine_bits: Self::MAX_MACHINE_BITS };
 
     pub fn new(machine_bits: i64) -> Result<Layout, SnowflakeError> {
         u32::try_from(machine_bits)

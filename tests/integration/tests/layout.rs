@@ -98,3 +98,43 @@ fn a_registry_with_12_machine_bits_leases_ids_beyond_1023_and_its_clients_stamp_
     drop(generator);
     registry.stop();
 }
+
+/// Review of #21 (helper 15): a registry that loads the library on demand
+/// takes its space from the server's configuration alone. A connection's
+/// options, ALTER ROLE and ALTER DATABASE set a placeholder's reset value
+/// too, and the first lease records the space for good: an ordinary role
+/// had every later holder granted in 16 machine bits and the epoch 2020.
+#[test]
+fn an_unloaded_registry_leases_only_in_the_space_its_configuration_names() {
+    let c = Cluster::start("layout-unloaded", 55529, &["shared_preload_libraries = ''", "pg_ticket.machine_bits = 12"]);
+    let mut admin = c.connect();
+    admin
+        .batch_execute(
+            "CREATE ROLE app LOGIN; GRANT EXECUTE ON FUNCTION lease_machine_id(text, interval) TO app; \
+             SELECT end_lease_hold_off()",
+        )
+        .unwrap();
+    let as_app = |options: &str| {
+        let dsn = format!("{} user=app options='{options}'", c.dsn());
+        postgres::Client::connect(&dsn, postgres::NoTls).unwrap()
+    };
+    for options in ["-c pg_ticket.machine_bits=16", "-c pg_ticket.epoch=2020-01-01"] {
+        let err = as_app(options).query_one("SELECT machine_bits FROM lease_machine_id('evil', '10 s')", &[]).unwrap_err();
+        assert_eq!(sqlstate(&err), "F0000", "{options}: {err}");
+        assert!(err.as_db_error().unwrap().message().contains("the connection's options"), "{err}");
+    }
+    admin.batch_execute("ALTER ROLE app SET pg_ticket.machine_bits = 16").unwrap();
+    let err = as_app("").query_one("SELECT machine_bits FROM lease_machine_id('evil', '10 s')", &[]).unwrap_err();
+    assert!(err.as_db_error().unwrap().message().contains("ALTER ROLE ... SET"), "{err}");
+    admin.batch_execute("ALTER ROLE app RESET pg_ticket.machine_bits").unwrap();
+    let recorded: i64 = admin.query_one("SELECT count(*) FROM pgticket.id_space", &[]).unwrap().get(0);
+    assert_eq!(recorded, 0, "a refused lease records no space");
+    // A session SET changes nothing either; the configuration's 12 bits hold.
+    let mut honest = as_app("");
+    honest.batch_execute("SET pg_ticket.machine_bits = 16").unwrap();
+    let bits: i32 = honest.query_one("SELECT machine_bits FROM lease_machine_id('honest', '10 s')", &[]).unwrap().get(0);
+    assert_eq!(bits, 12);
+    let recorded: i32 = admin.query_one("SELECT machine_bits FROM pgticket.id_space", &[]).unwrap().get(0);
+    assert_eq!(recorded, 12);
+    c.stop();
+}
