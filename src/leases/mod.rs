@@ -21,7 +21,7 @@ use crate::errors::{postgres_errors_as_raised, OrRaise, TicketError};
 use ticket_core::leases;
 use crate::names::Name;
 use crate::snowflake::timestamptz_or_error;
-use crate::settings;
+use ticket_core::snowflake::Layout;
 
 /// A ttl in ms; months count as 30 days (anything that long is refused).
 fn ttl_ms(ttl: Option<Interval>) -> i64 {
@@ -32,8 +32,10 @@ fn ttl_ms(ttl: Option<Interval>) -> i64 {
 
 fn machine_id_arg(machine_id: Option<i32>) -> u16 {
     let id = required("machine_id", machine_id);
-    let layout = settings::registry_layout().map_err(TicketError::BadConfiguration).or_raise();
-    layout.check_machine_id(i64::from(id)).or_raise()
+    // Any layout's: a lease is found by its id, and one granted in the
+    // space this database recorded must stay renewable, releasable and
+    // revocable whatever the configuration says now.
+    Layout::WIDEST.check_machine_id(i64::from(id)).or_raise()
 }
 
 /// Lease a machine id for `ttl`: the id, the lease's fencing token, its

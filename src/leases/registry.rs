@@ -327,6 +327,9 @@ pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
     leases::check_ttl_within(ttl_ms, settings::lease_max_ttl_ms())?;
     xact::check_writable()?;
     let (epoch_ms, layout) = crate::snowflake::registry_space()?;
+    if settings::preloaded() {
+        crate::snowflake::record_space_in_mark()?;
+    }
     let margin_ms = settings::lease_margin_ms();
     // Only ids of the space's layout (a database recorded with fewer
     // machine bits than the setting's list allows leases fewer).

@@ -70,6 +70,20 @@ pub fn refuse_another_id_space() {
     }
 }
 
+/// Records this server's ID space in its mark (writing the mark and its WAL
+/// record if it does not cover now): a registry's grants are of its space
+/// too, so a registry restarted in another space does not start, even if
+/// it never stamped a snowflake itself (its holders' IDs and its own would
+/// meet).
+pub fn record_space_in_mark() -> Result<(), TicketError> {
+    let generator = &GENERATOR.get().0;
+    let epoch = settings::epoch_unix_ms();
+    layout::load_mark(generator, &SystemClock, &wal::WalMarkStore, epoch)?;
+    let now_ms = u64::try_from(now_unix_ms() - epoch).unwrap_or(0);
+    layout::cover(generator, &SystemClock, &wal::WalMarkStore, epoch, now_ms)?;
+    Ok(())
+}
+
 /// Issue nothing at or before this Unix ms (a new lease's `not_before_ms`).
 fn raise_floor(floor_unix_ms: i64) {
     GENERATOR.get().0.raise_floor(floor_unix_ms, settings::epoch_unix_ms());

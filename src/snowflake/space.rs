@@ -94,6 +94,40 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
                 })
                 .collect::<Result<Vec<_>, pgrx::spi::Error>>()?;
             if spaces.is_empty() {
+                // The first use records the space: under a lock that waits
+                // for another first use in progress, then read again as
+                // committed now (this statement's snapshot may predate the
+                // other's commit, as under REPEATABLE READ), so that two
+                // first uses never record two spaces.
+                // Bounded (SPEC §13.11): a first use in a transaction left
+                // open holds the lock until it ends; the others fail after
+                // a second (55P03) rather than wait (undone with the
+                // owner's settings).
+                client.update("SET LOCAL lock_timeout = 1000", None, &[])?;
+                client.update("LOCK TABLE pgticket.id_space IN SHARE ROW EXCLUSIVE MODE", None, &[])?;
+                spaces = committed_spaces(table.oid);
+            }
+            if spaces.is_empty() {
+                // Leases not yet free with no space recorded: the table was
+                // emptied under them, and their holders stamp in a space
+                // no longer known.
+                let live = client
+                    .select(
+                        "SELECT EXISTS (SELECT FROM pgticket.machine_id_leases \
+                          WHERE expires_at OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => \
+                                COALESCE(margin_ms, 600000) OPERATOR(pg_catalog./) 1000.0) \
+                                OPERATOR(pg_catalog.>) pg_catalog.now())",
+                        None,
+                        &[],
+                    )?
+                    .first()
+                    .get_one::<bool>()?
+                    .unwrap_or(false);
+                if live {
+                    return Ok(Err(TicketError::BadConfiguration(
+                        "pgticket.id_space is empty while leases of this registry are not yet free: it was emptied under them; restore its row (the space those holders stamp in), or wait until their ids are free".into(),
+                    )));
+                }
                 client.update(
                     "INSERT INTO pgticket.id_space (epoch_ms, machine_bits) VALUES ($1, $2) ON CONFLICT DO NOTHING",
                     None,
@@ -101,10 +135,10 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
                 )?;
                 spaces.push(mine);
             }
-            Ok::<_, pgrx::spi::Error>(spaces)
+            Ok::<_, pgrx::spi::Error>(Ok(spaces))
         })
     })
-    .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot read pgticket.id_space: {e}"));
+    .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot read pgticket.id_space: {e}"))?;
     match spaces[..] {
         [one] => Ok(Some(one)),
         _ => {
@@ -115,6 +149,37 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
             Err(TicketError::Snowflake(SnowflakeError::OtherIdSpace { location: "this database (pgticket.id_space, carried by its dump)".into(), recorded, configured }))
         }
     }
+}
+
+/// The spaces in `pgticket.id_space` as committed now (a self snapshot: it
+/// sees what committed after this statement's snapshot was taken).
+fn committed_spaces(table: pg_sys::Oid) -> Vec<IdSpace> {
+    const EPOCH_MS: i32 = 1;
+    const MACHINE_BITS: i32 = 2;
+    let mut spaces = Vec::new();
+    unsafe {
+        let rel = pg_sys::table_open(table, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let mut committed_now = pg_sys::SnapshotData { snapshot_type: pg_sys::SnapshotType::SNAPSHOT_SELF, ..Default::default() };
+        let scan = pg_sys::systable_beginscan(rel, pg_sys::InvalidOid, false, &mut committed_now, 0, std::ptr::null_mut());
+        loop {
+            let tuple = pg_sys::systable_getnext(scan);
+            if tuple.is_null() {
+                break;
+            }
+            let (mut epoch_null, mut bits_null) = (false, false);
+            let epoch = pg_sys::heap_getattr(tuple, EPOCH_MS, (*rel).rd_att, &mut epoch_null);
+            let bits = pg_sys::heap_getattr(tuple, MACHINE_BITS, (*rel).rd_att, &mut bits_null);
+            if !epoch_null && !bits_null {
+                let space = IdSpace { epoch_unix_ms: epoch.value() as i64, machine_bits: bits.value() as i32 as u32 };
+                if !spaces.contains(&space) {
+                    spaces.push(space);
+                }
+            }
+        }
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+    }
+    spaces
 }
 
 /// The space a registry leases ids in: its database's recorded space

@@ -138,3 +138,90 @@ fn an_unloaded_registry_leases_only_in_the_space_its_configuration_names() {
     assert_eq!(recorded, 12);
     c.stop();
 }
+
+/// Appends `lines` to the cluster's postgresql.conf and reloads it; waits
+/// until a new session shows `setting` as `value`.
+fn reload_with(c: &Cluster, lines: &str, setting: &str, value: &str) {
+    let conf = c.data_dir().join("postgresql.conf");
+    let mut text = std::fs::read_to_string(&conf).unwrap();
+    text.push_str(lines);
+    std::fs::write(&conf, &text).unwrap();
+    c.connect().batch_execute("SELECT pg_reload_conf()").unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while c.connect().query_one(&format!("SHOW {setting}"), &[]).unwrap().get::<_, String>(0) != value {
+        assert!(std::time::Instant::now() < deadline, "{setting} never became {value}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Review of #21 (helper 16), on a registry that loads the library on
+/// demand: two first leases under different configurations recorded two
+/// spaces (both granted); a space emptied under live leases let the next
+/// grant record another; and leases granted in the recorded 12 bits could
+/// not be renewed, released or revoked once the configuration said 10.
+#[test]
+fn first_leases_record_one_space_an_emptied_space_is_refused_and_recorded_leases_stay_manageable() {
+    let c = Cluster::start("layout-first", 55534, &["shared_preload_libraries = ''", "pg_ticket.lease_ids = '1-3'"]);
+    let mut a = c.fresh_db("race");
+    a.batch_execute("SELECT end_lease_hold_off(); BEGIN").unwrap();
+    let bits: i32 = a.query_one("SELECT machine_bits FROM lease_machine_id('A', '10 s')", &[]).unwrap().get(0);
+    assert_eq!(bits, 10);
+    reload_with(&c, "pg_ticket.machine_bits = 12\n", "pg_ticket.machine_bits", "12");
+    let dsn = format!("{} dbname=race", c.dsn());
+    let b = std::thread::spawn(move || {
+        let mut b = postgres::Client::connect(&dsn, postgres::NoTls).unwrap();
+        // It waits for A's first use a second at a time (55P03), then takes A's space.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            match b.query_one("SELECT machine_bits FROM lease_machine_id('B', '10 s')", &[]) {
+                Ok(row) => return row.get::<_, i32>(0),
+                Err(e) if sqlstate(&e) == "55P03" && std::time::Instant::now() < deadline => continue,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    a.batch_execute("COMMIT").unwrap();
+    assert_eq!(b.join().unwrap(), 10, "the second first lease waited for the first and took its space");
+    let spaces: i64 = a.query_one("SELECT count(*) FROM pgticket.id_space", &[]).unwrap().get(0);
+    assert_eq!(spaces, 1);
+
+    // A database recorded in 12 bits, an id past 1023 leased in it.
+    reload_with(&c, "pg_ticket.lease_ids = '3000'\n", "pg_ticket.lease_ids", "3000");
+    let mut db = c.fresh_db("wide");
+    db.batch_execute("SELECT end_lease_hold_off()").unwrap();
+    let row = db.query_one("SELECT machine_id, lease, secret, machine_bits FROM lease_machine_id('C', '30 s')", &[]).unwrap();
+    let (id, lease, secret, bits): (i32, i64, String, i32) = (row.get(0), row.get(1), row.get(2), row.get(3));
+    assert_eq!((id, bits), (3000, 12));
+    // Emptied under the live lease: no grant records another space.
+    db.batch_execute("DELETE FROM pgticket.id_space").unwrap();
+    let err = db.query_one("SELECT machine_id FROM lease_machine_id('D', '10 s')", &[]).unwrap_err();
+    assert_eq!(sqlstate(&err), "F0000", "{err}");
+    assert!(err.as_db_error().unwrap().message().contains("emptied under them"), "{err}");
+    db.batch_execute("INSERT INTO pgticket.id_space (epoch_ms, machine_bits) VALUES (1767225600000, 12)").unwrap();
+    // The configuration back at 10 bits: the lease of the recorded space is
+    // still renewed, revoked and released by its id.
+    reload_with(&c, "pg_ticket.machine_bits = 10\npg_ticket.lease_ids = '1-3'\n", "pg_ticket.machine_bits", "10");
+    let mut db = c.connect_as("postgres", "wide");
+    db.query_one("SELECT renew_machine_id(3000, $1, $2, '30 s')", &[&lease, &secret]).expect("renewed by its id");
+    db.query_one("SELECT release_machine_id(3000, $1, $2)", &[&lease, &secret]).expect("released by its id");
+    db.query_one("SELECT revoke_machine_lease(3000)", &[]).expect("revoke takes it");
+    c.stop();
+}
+
+/// Review of #21 (helper 16): a preloaded registry that never stamped a
+/// snowflake had no mark, so a restart with other machine bits started,
+/// and its own snowflakes met its holders' IDs. A grant records the space
+/// in the mark.
+#[test]
+fn a_registry_that_granted_does_not_start_in_another_layout_though_it_never_stamped() {
+    let c = Cluster::start("layout-granted", 55535, &["pg_ticket.machine_id = 5", "pg_ticket.lease_ids = '1'"]);
+    let mut db = c.connect();
+    db.batch_execute("SELECT end_lease_hold_off()").unwrap();
+    let bits: i32 = db.query_one("SELECT machine_bits FROM lease_machine_id('H', '30 s')", &[]).unwrap().get(0);
+    assert_eq!(bits, 10);
+    drop(db);
+    c.stop();
+    let log = refused_restart(&c, "pg_ticket.machine_bits = 12\n", "a registry whose holders stamp in 10 bits must not start in 12");
+    assert!(log.contains("pg_ticket.machine_bits: the snowflake IDs of file") && log.contains("and 10 machine bits, but this server is set for"), "{log}");
+}
