@@ -138,7 +138,7 @@ impl TicketError {
                 Some("Fix the system clock (NTP); pg_ticket never reuses a timestamp it has issued.")
             }
             TicketError::Snowflake(SnowflakeError::DamagedMark { .. }) => Some(
-                "Stop the server, and replace the file with a Unix time in milliseconds past every snowflake this server issued, followed by a newline.",
+                "Stop the server, and replace the file with one line: a Unix time in milliseconds past every snowflake this server issued, then its space as snowflake_id_space() reports it, e.g. '1767225700000 epoch_ms=1767225600000 machine_bits=10' (a number alone is read as 0.2.0's 10 machine bits).",
             ),
             TicketError::TooManyEntries(LimitReached::Entries { .. }) => {
                 Some("Split the transaction; a superuser may raise pg_ticket.max_transaction_entries.")

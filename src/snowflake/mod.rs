@@ -70,17 +70,21 @@ pub fn refuse_another_id_space() {
     }
 }
 
-/// Records this server's ID space in its mark (writing the mark and its WAL
-/// record if it does not cover now): a registry's grants are of its space
+/// Records this server's ID space in its mark, writing one (and its WAL
+/// record) if the server has none: a registry's grants are of its space
 /// too, so a registry restarted in another space does not start, even if
 /// it never stamped a snowflake itself (its holders' IDs and its own would
-/// meet).
+/// meet). A mark loaded or written since start records the space already
+/// (one of another space is refused on load), so only the first grant of
+/// a server that never had a mark writes it.
 pub fn record_space_in_mark() -> Result<(), TicketError> {
     let generator = &GENERATOR.get().0;
     let epoch = settings::epoch_unix_ms();
     layout::load_mark(generator, &SystemClock, &wal::WalMarkStore, epoch)?;
-    let now_ms = u64::try_from(now_unix_ms() - epoch).unwrap_or(0);
-    layout::cover(generator, &SystemClock, &wal::WalMarkStore, epoch, now_ms)?;
+    if generator.activity().reserved_until_millis.is_none() {
+        let now_ms = u64::try_from(now_unix_ms() - epoch).unwrap_or(0);
+        layout::cover(generator, &SystemClock, &wal::WalMarkStore, epoch, now_ms)?;
+    }
     Ok(())
 }
 

@@ -106,6 +106,13 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
                 client.update("SET LOCAL lock_timeout = 1000", None, &[])?;
                 client.update("LOCK TABLE pgticket.id_space IN SHARE ROW EXCLUSIVE MODE", None, &[])?;
                 spaces = committed_spaces(table.oid);
+                if !spaces.is_empty() {
+                    // Found, not recorded: this transaction changed nothing
+                    // the lock guards, so the next waiter need not queue
+                    // behind it until it ends (a cascade of 55P03 among
+                    // concurrent first uses).
+                    unsafe { pg_sys::UnlockRelationOid(table.oid, pg_sys::ShareRowExclusiveLock as pg_sys::LOCKMODE) };
+                }
             }
             if spaces.is_empty() {
                 // Leases not yet free with no space recorded: the table was

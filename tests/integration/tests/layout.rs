@@ -225,3 +225,32 @@ fn a_registry_that_granted_does_not_start_in_another_layout_though_it_never_stam
     let log = refused_restart(&c, "pg_ticket.machine_bits = 12\n", "a registry whose holders stamp in 10 bits must not start in 12");
     assert!(log.contains("pg_ticket.machine_bits: the snowflake IDs of file") && log.contains("and 10 machine bits, but this server is set for"), "{log}");
 }
+
+/// Review of #21 (helper 17): a first use that waited for the lock and
+/// found the space recorded held the lock to its transaction's end, so
+/// concurrent first snowflake_id()s in a new database failed in a cascade
+/// (5 of 8 with 55P03).
+#[test]
+fn concurrent_first_snowflakes_of_a_new_database_all_succeed() {
+    let c = Cluster::start("layout-concurrent", 55536, &["pg_ticket.machine_id = 9"]);
+    drop(c.fresh_db("fresh"));
+    let dsn = format!("{} dbname=fresh", c.dsn());
+    let sessions: Vec<_> = (0..8)
+        .map(|_| {
+            let dsn = dsn.clone();
+            std::thread::spawn(move || {
+                let mut s = postgres::Client::connect(&dsn, postgres::NoTls).unwrap();
+                let mut t = s.transaction().unwrap();
+                let id: i64 = t.query_one("SELECT snowflake_id()", &[])?.get(0);
+                t.batch_execute("SELECT pg_sleep(0.4)")?;
+                t.commit()?;
+                Ok::<i64, postgres::Error>(id)
+            })
+        })
+        .collect();
+    let ids: Vec<i64> = sessions.into_iter().map(|s| s.join().unwrap().expect("every first use succeeds")).collect();
+    assert_eq!(ids.iter().collect::<HashSet<_>>().len(), 8);
+    let spaces: i64 = c.connect_as("postgres", "fresh").query_one("SELECT count(*) FROM pgticket.id_space", &[]).unwrap().get(0);
+    assert_eq!(spaces, 1);
+    c.stop();
+}

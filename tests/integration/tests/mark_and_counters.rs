@@ -42,6 +42,11 @@ fn the_marks_standby_wait_holds_for_every_session_and_a_cancelled_or_terminated_
     let c = Cluster::start("mark-syncrep", 55488, &[]);
     let mut admin = c.connect();
     admin.batch_execute("CREATE ROLE mark_plain LOGIN").unwrap();
+    // The database's first use records its ID space under a lock that a
+    // writer waiting for the standby would hold: made before, and the
+    // mark's reservation let run out.
+    admin.query_one("SELECT snowflake_id()", &[]).unwrap();
+    until_the_mark_is_written_again();
     reload_with_standby(&c, Some("nobody"));
 
     // A session that says synchronous_commit = local still waits for the
@@ -208,6 +213,9 @@ fn a_lease_granted_to_a_session_with_synchronous_commit_off_waits_for_the_standb
     let mut admin = c.connect();
     admin.batch_execute("CREATE ROLE lease_user LOGIN").unwrap();
     admin.batch_execute("GRANT EXECUTE ON FUNCTION lease_machine_id(text, interval) TO lease_user").unwrap();
+    // A registry's first grant writes its mark (waiting for the standby
+    // too): written before, so that the wait cancelled is the commit's.
+    admin.query_one("SELECT snowflake_id()", &[]).unwrap();
     reload_with_standby(&c, Some("nobody"));
     let leaser = std::thread::spawn({
         let dsn = c.dsn_as("lease_user", "postgres");

@@ -104,11 +104,14 @@ fn the_space_is_recorded_at_first_use_and_a_registry_leases_only_in_its_database
     assert_eq!(recorded, 0, "a database that made no snowflake records no space");
     drop((unused, registry));
     c.stop();
-    let conf = c.data_dir().join("postgresql.conf");
-    let mut text = std::fs::read_to_string(&conf).unwrap();
-    text.push_str("pg_ticket.epoch = '2026-06-01'\n");
-    std::fs::write(&conf, &text).unwrap();
-    c.up(None); // no snowflake was stamped: no mark to refuse the start
+    // The grant recorded the space in the server's mark too (#21 review):
+    // a registry that granted does not start in another epoch, though it
+    // never stamped a snowflake itself.
+    let log = refused_restart(&c, "pg_ticket.epoch = '2026-06-01'\n", "a registry that granted in one epoch must not start in another");
+    assert!(log.contains("pg_ticket.epoch: the snowflake IDs of file"), "{log}");
+    // Its mark removed (as an operator might): the databases still refuse.
+    std::fs::remove_file(c.data_dir().join("pg_ticket_snowflake.mark")).unwrap();
+    c.up(None);
     let mut unused = c.connect_as("postgres", "never_stamped");
     unused.query_one("SELECT snowflake_id()", &[]).expect("no space recorded: this server's is");
     let mut registry = c.connect_as("postgres", "registry");
