@@ -182,13 +182,10 @@ fn read_grants(table: pg_sys::Oid, role: pg_sys::Oid) -> Vec<ScopeGrant> {
     const QUEUE: i32 = 3;
     const DOMAIN: i32 = 4;
     let mut grants = Vec::new();
-    unsafe {
-        let rel = pg_sys::table_open(table, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        let mut committed_now = pg_sys::SnapshotData { snapshot_type: pg_sys::SnapshotType::SNAPSHOT_SELF, ..Default::default() };
-        let scan = pg_sys::systable_beginscan(rel, pg_sys::InvalidOid, false, &mut committed_now, 0, std::ptr::null_mut());
-        let text = |tuple: *mut pg_sys::HeapTupleData, column: i32| -> Option<Vec<u8>> {
+    state_tables::for_each_committed_row(table, |tuple, desc| unsafe {
+        let text = |column: i32| -> Option<Vec<u8>> {
             let mut is_null = false;
-            let datum = pg_sys::heap_getattr(tuple, column, (*rel).rd_att, &mut is_null);
+            let datum = pg_sys::heap_getattr(tuple, column, desc, &mut is_null);
             (!is_null).then(|| {
                 let c = pg_sys::text_to_cstring(datum.cast_mut_ptr());
                 let bytes = CStr::from_ptr(c).to_bytes().to_vec();
@@ -196,25 +193,16 @@ fn read_grants(table: pg_sys::Oid, role: pg_sys::Oid) -> Vec<ScopeGrant> {
                 bytes
             })
         };
-        loop {
-            pgrx::check_for_interrupts!();
-            let tuple = pg_sys::systable_getnext(scan);
-            if tuple.is_null() {
-                break;
-            }
-            let mut is_null = false;
-            let grantee = pg_sys::heap_getattr(tuple, ROLE, (*rel).rd_att, &mut is_null);
-            if is_null || !pg_sys::has_privs_of_role(role, pg_sys::Oid::from(grantee.value() as u32)) {
-                continue;
-            }
-            let kind = text(tuple, KIND).and_then(|k| RightKind::from_sql_name(std::str::from_utf8(&k).ok()?));
-            if let (Some(kind), Some(queue), Some(domain)) = (kind, text(tuple, QUEUE), text(tuple, DOMAIN)) {
-                grants.push(ScopeGrant { kind, queue, domain });
-            }
+        let mut is_null = false;
+        let grantee = pg_sys::heap_getattr(tuple, ROLE, desc, &mut is_null);
+        if is_null || !pg_sys::has_privs_of_role(role, pg_sys::Oid::from(grantee.value() as u32)) {
+            return;
         }
-        pg_sys::systable_endscan(scan);
-        pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-    }
+        let kind = text(KIND).and_then(|k| RightKind::from_sql_name(std::str::from_utf8(&k).ok()?));
+        if let (Some(kind), Some(queue), Some(domain)) = (kind, text(QUEUE), text(DOMAIN)) {
+            grants.push(ScopeGrant { kind, queue, domain });
+        }
+    });
     grants
 }
 

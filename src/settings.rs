@@ -57,7 +57,6 @@ static LEASE_IDS_REFUSED: AtomicBool = AtomicBool::new(false);
 static MACHINE_ID_DEFAULT: AtomicBool = AtomicBool::new(false);
 static EPOCH_UNIX_MS: AtomicI64 = AtomicI64::new(DEFAULT_EPOCH_UNIX_MS);
 static MACHINE: AtomicI64 = AtomicI64::new(0);
-static LAYOUT_MACHINE_BITS: AtomicI64 = AtomicI64::new(Layout::DEFAULT.machine_bits() as i64);
 static TICKET_SERIES: AtomicI64 = AtomicI64::new(1 << 32 | 1);
 /// Largest ticket increment (and offset).
 const TICKET_SERIES_MAX: i64 = 1_000_000;
@@ -221,8 +220,18 @@ pub fn init() -> Option<Preloaded> {
         Some(text) => parse_epoch_ms(&text).unwrap_or_else(|e| pgrx::error!("pg_ticket.epoch: {e}")),
     };
 
-    // The check hook reads it.
-    LAYOUT_MACHINE_BITS.store(i64::from(layout.machine_bits()), Ordering::Relaxed);
+    // Before the machine id, whose check hook reads it (the value checked
+    // above, parsed the same way).
+    GucRegistry::define_int_guc(
+        c"pg_ticket.machine_bits",
+        c"Bits of a snowflake ID for the machine id (10-16); the rest of the 22 below the timestamp is the sequence.",
+        c"Fixed once IDs are stamped: a server whose mark or database records another value refuses to start or stamp. More bits give more machine ids (for fleets that churn through leases) and fewer IDs per machine per millisecond.",
+        &MACHINE_BITS,
+        Layout::MIN_MACHINE_BITS as i32,
+        Layout::MAX_MACHINE_BITS as i32,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
     unsafe {
         GucRegistry::define_int_guc_with_hooks(
             c"pg_ticket.machine_id",
@@ -238,16 +247,6 @@ pub fn init() -> Option<Preloaded> {
             None,
         );
     }
-    GucRegistry::define_int_guc(
-        c"pg_ticket.machine_bits",
-        c"Bits of a snowflake ID for the machine id (10-16); the rest of the 22 below the timestamp is the sequence.",
-        c"Fixed once IDs are stamped: a server whose mark or database records another value refuses to start or stamp. More bits give more machine ids (for fleets that churn through leases) and fewer IDs per machine per millisecond.",
-        &MACHINE_BITS,
-        Layout::MIN_MACHINE_BITS as i32,
-        Layout::MAX_MACHINE_BITS as i32,
-        GucContext::Postmaster,
-        GucFlags::default(),
-    );
     GucRegistry::define_int_guc(
         c"pg_ticket.ticket_cache_scopes",
         c"Ticket scopes cached in shared memory; beyond it the least recently used is evicted (its cached rest is a gap).",
@@ -626,9 +625,10 @@ pub fn epoch_unix_ms() -> i64 {
     EPOCH_UNIX_MS.load(Ordering::Relaxed)
 }
 
-/// This server's snowflake layout (`pg_ticket.machine_bits`).
+/// This server's snowflake layout (`pg_ticket.machine_bits`; the default
+/// where it is not defined, without preloading).
 pub fn layout() -> Layout {
-    Layout::new(LAYOUT_MACHINE_BITS.load(Ordering::Relaxed)).unwrap_or_default()
+    Layout::new(i64::from(MACHINE_BITS.get())).unwrap_or_default()
 }
 
 /// Where the machine id comes from, for `pgticket.status`.

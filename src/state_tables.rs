@@ -227,6 +227,29 @@ unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid:
     }
 }
 
+/// Each row of the state table `table` as committed now (a self snapshot:
+/// also what committed after this statement's or this transaction's
+/// snapshot was taken, and no SERIALIZABLE predicate lock), with its tuple
+/// descriptor. No SPI, so no caller's setting or the owner's rules take
+/// part. Interrupts are checked between rows.
+pub fn for_each_committed_row(table: pg_sys::Oid, mut row: impl FnMut(*mut pg_sys::HeapTupleData, pg_sys::TupleDesc)) {
+    unsafe {
+        let rel = pg_sys::table_open(table, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+        let mut committed_now = pg_sys::SnapshotData { snapshot_type: pg_sys::SnapshotType::SNAPSHOT_SELF, ..Default::default() };
+        let scan = pg_sys::systable_beginscan(rel, pg_sys::InvalidOid, false, &mut committed_now, 0, std::ptr::null_mut());
+        loop {
+            pgrx::check_for_interrupts!();
+            let tuple = pg_sys::systable_getnext(scan);
+            if tuple.is_null() {
+                break;
+            }
+            row(tuple, (*rel).rd_att);
+        }
+        pg_sys::systable_endscan(scan);
+        pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
+    }
+}
+
 /// Runs `f` as the owner of `table`, restricted, for table access on behalf
 /// of a caller without rights on it (or of a background worker).
 pub fn as_owner_of<R>(table: Table, f: impl FnOnce() -> R) -> R {

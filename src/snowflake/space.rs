@@ -164,28 +164,17 @@ fn committed_spaces(table: pg_sys::Oid) -> Vec<IdSpace> {
     const EPOCH_MS: i32 = 1;
     const MACHINE_BITS: i32 = 2;
     let mut spaces = Vec::new();
-    unsafe {
-        let rel = pg_sys::table_open(table, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        let mut committed_now = pg_sys::SnapshotData { snapshot_type: pg_sys::SnapshotType::SNAPSHOT_SELF, ..Default::default() };
-        let scan = pg_sys::systable_beginscan(rel, pg_sys::InvalidOid, false, &mut committed_now, 0, std::ptr::null_mut());
-        loop {
-            let tuple = pg_sys::systable_getnext(scan);
-            if tuple.is_null() {
-                break;
-            }
-            let (mut epoch_null, mut bits_null) = (false, false);
-            let epoch = pg_sys::heap_getattr(tuple, EPOCH_MS, (*rel).rd_att, &mut epoch_null);
-            let bits = pg_sys::heap_getattr(tuple, MACHINE_BITS, (*rel).rd_att, &mut bits_null);
-            if !epoch_null && !bits_null {
-                let space = IdSpace { epoch_unix_ms: epoch.value() as i64, machine_bits: bits.value() as i32 as u32 };
-                if !spaces.contains(&space) {
-                    spaces.push(space);
-                }
+    state_tables::for_each_committed_row(table, |tuple, desc| {
+        let (mut epoch_null, mut bits_null) = (false, false);
+        let epoch = unsafe { pg_sys::heap_getattr(tuple, EPOCH_MS, desc, &mut epoch_null) };
+        let bits = unsafe { pg_sys::heap_getattr(tuple, MACHINE_BITS, desc, &mut bits_null) };
+        if !epoch_null && !bits_null {
+            let space = IdSpace { epoch_unix_ms: epoch.value() as i64, machine_bits: bits.value() as i32 as u32 };
+            if !spaces.contains(&space) {
+                spaces.push(space);
             }
         }
-        pg_sys::systable_endscan(scan);
-        pg_sys::table_close(rel, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-    }
+    });
     spaces
 }
 
