@@ -490,24 +490,32 @@ fn a_block_pool_never_uses_a_block_whose_standby_wait_was_cancelled() {
     config.wait_timeout = Duration::from_millis(300);
     config.call_timeout = Duration::from_secs(60);
     let pool = BlockPool::start(config).unwrap();
-    let waiting_reserve = |admin: &mut postgres::Client| {
+    // A waiting commit is named by its transaction: until the cancel is
+    // taken, the cancelled one still shows as waiting (CI once read the
+    // first wait as the second, before its commit was visible).
+    let waiting_reserve = |admin: &mut postgres::Client, not: Option<&str>| {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let rows = admin
-                .query("SELECT pid FROM pg_stat_activity WHERE application_name = 'syncrep-pool' AND wait_event = 'SyncRep'", &[])
+                .query(
+                    "SELECT pid, backend_xid::text FROM pg_stat_activity
+                      WHERE application_name = 'syncrep-pool' AND wait_event = 'SyncRep' AND backend_xid IS NOT NULL
+                        AND backend_xid::text IS DISTINCT FROM $1",
+                    &[&not],
+                )
                 .unwrap();
             if let Some(row) = rows.first() {
-                return row.get::<_, i32>(0);
+                return (row.get::<_, i32>(0), row.get::<_, String>(1));
             }
             assert!(Instant::now() < deadline, "the pool's reservation never waited for the standby");
             std::thread::sleep(Duration::from_millis(20));
         }
     };
-    let pid = waiting_reserve(&mut admin);
+    let (pid, xid) = waiting_reserve(&mut admin, None);
     assert!(admin.query_one("SELECT pg_cancel_backend($1)", &[&pid]).unwrap().get::<_, bool>(0));
     // The cancelled commit stands locally (1-1000); the pool reserves anew
     // and waits again, serving nothing meanwhile.
-    let again = waiting_reserve(&mut admin);
+    let (again, _) = waiting_reserve(&mut admin, Some(&xid));
     let local: i64 = admin.query_one("SELECT current_block_mark('syncrep')", &[]).unwrap().get(0);
     assert_eq!(local, 1000, "the cancelled reservation committed locally");
     match pool.next_id() {
