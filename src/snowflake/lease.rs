@@ -26,11 +26,11 @@ use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{fence, AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
-use ticket_client::clock::boot_ms;
+use ticket_client::clock::{boot_ms, CheckedWall, ClockReading};
 use ticket_client::keeper::{LeaseHolder, LeaseKeeper, Published};
 use ticket_core::leases::{Reckoning, StampRefusal};
-use ticket_core::snowflake::LOW_BITS;
 
+use super::SystemClock;
 use crate::errors::TicketError;
 use crate::settings;
 
@@ -122,8 +122,9 @@ fn write(f: impl FnOnce(&LeaseSlot)) {
 }
 
 impl Snapshot {
-    /// The id to stamp with now, or why not.
-    fn usable(&self) -> Result<u16, TicketError> {
+    /// The id held, if this server may stamp with it at all (the clocks
+    /// aside).
+    fn holding(&self) -> Result<u16, TicketError> {
         let refuse = |why: String| Err(TicketError::NoMachineLease(why));
         let Some(id) = self.machine_id else {
             return refuse(match self.last_machine_id {
@@ -140,36 +141,48 @@ impl Snapshot {
         if let Some(skew) = self.skewed {
             return refuse(format!("this server's clock differs from the registry's by {skew} ms, more than half pg_ticket.lease_margin"));
         }
-        match self.reckoning.check(boot_ms(), super::now_unix_ms()) {
-            Ok(()) => Ok(id),
-            Err(StampRefusal::MayHaveEnded) => {
-                refuse(format!("the lease of machine id {id} may have ended (no renewal from the registry in time)"))
-            }
-            Err(StampRefusal::ClockStepped { drift_ms }) => refuse(format!(
-                "this server's wall clock moved {drift_ms} ms against its boot clock since the registry's last reply, more than half pg_ticket.lease_margin; waiting for the next renewal"
-            )),
-        }
+        Ok(id)
+    }
+
+    /// May machine id `id` be stamped at this reading of the clocks?
+    fn check(&self, id: u16, reading: ClockReading) -> Result<(), TicketError> {
+        reading.check(&self.reckoning).map_err(|refusal| {
+            TicketError::NoMachineLease(match refusal {
+                StampRefusal::MayHaveEnded => format!("the lease of machine id {id} may have ended (no renewal from the registry in time)"),
+                StampRefusal::ClockStepped { drift_ms } => format!(
+                    "this server's wall clock moved {drift_ms} ms against its boot clock since the registry's last reply, more than half pg_ticket.lease_margin; waiting for the next renewal"
+                ),
+            })
+        })
     }
 }
 
-/// Stamp with the leased id: `issue(machine_id, stamp cap)` runs between two
-/// checks of the lease, and its ID is discarded if the lease changed or ran
-/// out meanwhile. The generator itself refuses a timestamp past the cap, so
-/// a clock stepped far ahead never enters its state or mark.
-pub fn next_id(issue: impl FnOnce(u16, i64) -> i64) -> Result<i64, TicketError> {
+/// Stamp with the leased id: `issue(clock, machine_id, stamp cap)` runs
+/// between two reads of the lease, and its ID is discarded if the lease
+/// changed or ended meanwhile (the worker withdraws before it reads the
+/// last stamp to report). The stamp is one wall-clock reading between two
+/// boot-clock readings, checked against the lease before it enters the
+/// generator's state (a stepped clock's stamp would hold later IDs back),
+/// or, after a wait inside the generator, a later reading checked after.
+/// A renewal meanwhile never moves the lease's end earlier (SPEC §8 rule 9), so the
+/// first read's reckoning holds for the whole call. The generator itself
+/// refuses a timestamp past the cap (the sequence can run ahead of the
+/// clock).
+pub fn next_id(issue: impl FnOnce(&CheckedWall<'_, SystemClock>, u16, i64) -> i64) -> Result<i64, TicketError> {
     let before = snapshot();
-    let id = before.usable()?;
-    let issued = issue(id, before.reckoning.stamp_cap_ms);
+    let id = before.holding()?;
+    let first = ClockReading::now();
+    before.check(id, first)?;
+    let clock = CheckedWall::starting_with(&SystemClock, first);
+    let issued = issue(&clock, id, before.reckoning.stamp_cap_ms);
+    if let Some(later) = clock.later_reading() {
+        before.check(id, later)?;
+    }
     let after = snapshot();
     if after.token != before.token || after.machine_id != before.machine_id {
         return Err(TicketError::NoMachineLease("the machine-id lease changed while stamping; call again".into()));
     }
-    after.usable()?;
-    // The sequence can run ahead of the clock: never past the lease's end.
-    let stamp_ms = settings::epoch_unix_ms() + (issued >> LOW_BITS);
-    if !after.reckoning.covers(stamp_ms) {
-        return Err(TicketError::NoMachineLease(format!("the lease of machine id {id} ends before the next free timestamp; waiting for its renewal")));
-    }
+    after.holding()?;
     Ok(issued)
 }
 

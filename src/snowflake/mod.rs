@@ -161,7 +161,7 @@ unsafe extern "C-unwind" fn free_writer_flag_on_exit(_code: i32, _arg: pg_sys::D
     }
 }
 
-struct SystemClock;
+pub(super) struct SystemClock;
 
 impl Clock for SystemClock {
     #[inline]
@@ -200,22 +200,23 @@ pub fn next_id() -> i64 {
     }
     crate::xact::check_writable().or_raise();
     space::check_database().or_raise();
-    let issue = |machine_id, stamp_cap_unix_ms| {
-        layout::next_id(
-            &GENERATOR.get().0,
-            &SystemClock,
-            &wal::WalMarkStore,
-            settings::epoch_unix_ms(),
-            settings::layout(),
-            machine_id,
-            stamp_cap_unix_ms,
-        )
-            .or_raise()
-    };
     match settings::machine_id() {
-        MachineId::Fixed(id) => issue(id, i64::MAX),
-        MachineId::Leased => lease::next_id(issue).or_raise(),
+        MachineId::Fixed(id) => issue(&SystemClock, id, i64::MAX),
+        MachineId::Leased => lease::next_id(|clock, id, stamp_cap_unix_ms| issue(clock, id, stamp_cap_unix_ms)).or_raise(),
     }
+}
+
+fn issue(clock: &impl Clock, machine_id: u16, stamp_cap_unix_ms: i64) -> i64 {
+    layout::next_id(
+        &GENERATOR.get().0,
+        clock,
+        &wal::WalMarkStore,
+        settings::epoch_unix_ms(),
+        settings::layout(),
+        machine_id,
+        stamp_cap_unix_ms,
+    )
+    .or_raise()
 }
 
 /// This server's epoch. Without preloading the epoch setting does not

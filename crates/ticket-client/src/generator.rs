@@ -19,17 +19,16 @@
 //! next holder of the id stamps only above the lease's end plus the
 //! margin: no two holders stamp the same millisecond.
 
-use std::cell::Cell;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::clock::{boot_ms, wall_ms, WallClock};
+use crate::clock::{boot_ms, CheckedWall, ClockReading, WallClock};
 use crate::keeper::{LeaseHolder, LeaseKeeper, Published};
 use crate::registry::Grant;
 use crate::ClientError;
-use ticket_core::leases::{check_ttl, Reckoning, StampRefusal};
-use ticket_core::snowflake::{self, Clock, IdSpace, MarkStore, SharedState, SnowflakeError};
+use ticket_core::leases::{check_ttl, StampRefusal};
+use ticket_core::snowflake::{self, IdSpace, MarkStore, SharedState, SnowflakeError};
 
 /// What a `LeasedGenerator` needs. Deserializes from configuration files
 /// (serde), durations in human form: `ttl = "60s"`, `"500ms"`, `"10 min"`.
@@ -125,55 +124,6 @@ pub struct LeasedGenerator {
     renewer: Option<JoinHandle<()>>,
 }
 
-/// A wall-clock reading between two boot-clock readings.
-#[derive(Clone, Copy)]
-struct ClockReading {
-    boot_before_ms: i64,
-    wall_ms: i64,
-    boot_after_ms: i64,
-}
-
-impl ClockReading {
-    fn now() -> Self {
-        let boot_before_ms = boot_ms();
-        let wall_ms = wall_ms();
-        ClockReading { boot_before_ms, wall_ms, boot_after_ms: boot_ms() }
-    }
-
-    fn check(&self, reckoning: &Reckoning) -> Result<(), StampRefusal> {
-        reckoning.check_between(self.boot_before_ms, self.wall_ms, self.boot_after_ms)
-    }
-}
-
-/// The generator's clock for one ID: first the reading already checked,
-/// then (after a wait) fresh ones, the last of which is kept to be checked
-/// after the stamp. The generator reads its state before the clock; here
-/// the first reading comes before that, which is the same only because the
-/// mutex keeps every other issuer out meanwhile.
-struct CheckedWall {
-    checked_ms: Cell<Option<i64>>,
-    read_again: Cell<Option<ClockReading>>,
-}
-
-impl CheckedWall {
-    fn starting_with(checked_ms: i64) -> Self {
-        CheckedWall { checked_ms: Cell::new(Some(checked_ms)), read_again: Cell::new(None) }
-    }
-}
-
-impl Clock for CheckedWall {
-    fn now_unix_ms(&self) -> i64 {
-        self.checked_ms.take().unwrap_or_else(|| {
-            let reading = ClockReading::now();
-            self.read_again.set(Some(reading));
-            reading.wall_ms
-        })
-    }
-    fn pause(&self, millis: u64) {
-        WallClock.pause(millis)
-    }
-}
-
 /// The leased generator needs no durable mark: the lease's `not_before_ms`
 /// and its end bound every stamp.
 struct NoMark;
@@ -253,7 +203,7 @@ impl LeasedGenerator {
         // margin is refused as a step).
         let first = ClockReading::now();
         first.check(&reckoning).map_err(refused)?;
-        let clock = CheckedWall::starting_with(first.wall_ms);
+        let clock = CheckedWall::starting_with(&WallClock, first);
         // The generator never stamps past the cap (PastLease): it stamps the
         // first reading, or a later one after a wait.
         let id = match snowflake::next_id(&held.ids, &clock, &NoMark, grant.epoch_ms, grant.layout, machine_id, reckoning.stamp_cap_ms) {
@@ -263,7 +213,7 @@ impl LeasedGenerator {
         // After a wait (a full millisecond, a clock step back) the stamp is
         // a later reading, checked now: a process paused or a clock stepped
         // meanwhile finds its lease may be over and drops the ID it made.
-        if let Some(later) = clock.read_again.get() {
+        if let Some(later) = clock.later_reading() {
             later.check(&reckoning).map_err(refused)?;
         }
         held.last_stamp_ms = held.ids.last_millis().map(|ms| grant.epoch_ms + ms as i64);
