@@ -29,6 +29,7 @@ use std::time::Duration;
 use ticket_client::clock::{boot_ms, CheckedWall, ClockReading};
 use ticket_client::keeper::{LeaseHolder, LeaseKeeper, Published};
 use ticket_core::leases::{Reckoning, StampRefusal};
+use ticket_core::snowflake::SnowflakeError;
 
 use super::SystemClock;
 use crate::errors::TicketError;
@@ -168,16 +169,31 @@ impl Snapshot {
 /// first read's reckoning holds for the whole call. The generator itself
 /// refuses a timestamp past the cap (the sequence can run ahead of the
 /// clock).
-pub fn next_id(issue: impl FnOnce(&CheckedWall<'_, SystemClock>, u16, i64) -> i64) -> Result<i64, TicketError> {
+///
+/// The checked reading is taken before the generator reads its state, so
+/// another backend's issue can overtake it; overtaken by more than the
+/// generator's backward wait (a preemption), it looks like the clock went
+/// back: read once more before calling it so.
+pub fn next_id(
+    issue: impl Fn(&CheckedWall<'_, SystemClock>, u16, i64) -> Result<i64, SnowflakeError>,
+) -> Result<i64, TicketError> {
     let before = snapshot();
     let id = before.holding()?;
-    let first = ClockReading::now();
-    before.check(id, first)?;
-    let clock = CheckedWall::starting_with(&SystemClock, first);
-    let issued = issue(&clock, id, before.reckoning.stamp_cap_ms);
-    if let Some(later) = clock.later_reading() {
-        before.check(id, later)?;
-    }
+    let mut attempts = 0;
+    let issued = loop {
+        attempts += 1;
+        let first = ClockReading::now();
+        before.check(id, first)?;
+        let clock = CheckedWall::starting_with(&SystemClock, first);
+        let issued = issue(&clock, id, before.reckoning.stamp_cap_ms);
+        if let Some(later) = clock.later_reading() {
+            before.check(id, later)?;
+        }
+        match issued {
+            Err(SnowflakeError::ClockBehind { .. }) if attempts == 1 => continue,
+            other => break other?,
+        }
+    };
     let after = snapshot();
     if after.token != before.token || after.machine_id != before.machine_id {
         return Err(TicketError::NoMachineLease("the machine-id lease changed while stamping; call again".into()));

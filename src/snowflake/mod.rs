@@ -201,12 +201,12 @@ pub fn next_id() -> i64 {
     crate::xact::check_writable().or_raise();
     space::check_database().or_raise();
     match settings::machine_id() {
-        MachineId::Fixed(id) => issue(&SystemClock, id, i64::MAX),
+        MachineId::Fixed(id) => issue(&SystemClock, id, i64::MAX).or_raise(),
         MachineId::Leased => lease::next_id(|clock, id, stamp_cap_unix_ms| issue(clock, id, stamp_cap_unix_ms)).or_raise(),
     }
 }
 
-fn issue(clock: &impl Clock, machine_id: u16, stamp_cap_unix_ms: i64) -> i64 {
+fn issue(clock: &impl Clock, machine_id: u16, stamp_cap_unix_ms: i64) -> Result<i64, layout::SnowflakeError> {
     layout::next_id(
         &GENERATOR.get().0,
         clock,
@@ -216,7 +216,6 @@ fn issue(clock: &impl Clock, machine_id: u16, stamp_cap_unix_ms: i64) -> i64 {
         machine_id,
         stamp_cap_unix_ms,
     )
-    .or_raise()
 }
 
 /// This server's epoch. Without preloading the epoch setting does not
