@@ -165,10 +165,10 @@ impl Snapshot {
 /// boot-clock readings, checked against the lease before it enters the
 /// generator's state (a stepped clock's stamp would hold later IDs back),
 /// or, after a wait inside the generator, a later reading checked after.
-/// A renewal meanwhile never moves the lease's end earlier (SPEC §8 rule 9), so the
-/// first read's reckoning holds for the whole call. The generator itself
-/// refuses a timestamp past the cap (the sequence can run ahead of the
-/// clock).
+/// A renewal meanwhile never moves the lease's end earlier (SPEC §8 rule
+/// 9), so the first read's reckoning holds for the whole call. The
+/// generator itself refuses a timestamp past the cap (the sequence can run
+/// ahead of the clock), so the stamp is not checked against it again here.
 ///
 /// The checked reading is taken before the generator reads its state, so
 /// another backend's issue can overtake it; overtaken by more than the
