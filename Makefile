@@ -59,11 +59,12 @@ test-unit:
 test-pgrx: setup
 	scripts/pgrx-test.sh $(PG_VERSION)
 
-# The suite on a fresh database, then on ones upgraded from 0.1.0 and 0.2.0.
+# The suite on a fresh database, then on ones upgraded from 0.1.0, 0.2.0 and 0.3.0.
 test-regress:
 	scripts/regress.sh
 	UPGRADE_FROM=0.1.0 scripts/regress.sh
 	UPGRADE_FROM=0.2.0 scripts/regress.sh
+	UPGRADE_FROM=0.3.0 scripts/regress.sh
 
 # Every ```sql block of README.md and docs/, run as written (scripts/docs-test.sh).
 test-docs:

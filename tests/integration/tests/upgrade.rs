@@ -1,9 +1,9 @@
-//! 0.1.0 → 0.2.0 → 0.3.0 and 0.2.0 → 0.3.0 (SPEC §11): a database whose
+//! 0.1.0 → 0.2.0 → 0.3.0 → 0.4.0, and from 0.2.0 and from 0.3.0 (SPEC §11): a database whose
 //! extension was created at an older release keeps working on the current
 //! library before it is updated, keeps every mark (and live lease) through
 //! `ALTER EXTENSION pg_ticket UPDATE`, and ends with exactly the objects a
 //! fresh `CREATE EXTENSION` makes. (The pg_regress suite on upgraded
-//! databases is `UPGRADE_FROM=0.1.0|0.2.0 scripts/regress.sh`, run by
+//! databases is `UPGRADE_FROM=0.1.0|0.2.0|0.3.0 scripts/regress.sh`, run by
 //! `make test`.)
 
 use pg_ticket_integration::shared_cluster;
@@ -179,6 +179,41 @@ fn an_upgrade_from_0_2_0_keeps_marks_tickets_and_live_leases_and_ends_as_a_fresh
     assert!(err.as_db_error().unwrap().message().contains("grants again in"), "{err}");
 
     let mut new = c.connect_as("postgres", "fresh_030");
+    new.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
+    assert_same_objects(&mut old, &mut new);
+}
+
+#[test]
+fn an_upgrade_from_0_3_0_keeps_marks_tickets_and_live_leases_and_ends_as_a_fresh_install() {
+    let c = shared_cluster("upgrade", 55435, &[]);
+    let mut admin = c.connect();
+    admin.batch_execute("CREATE DATABASE upgraded_030").unwrap();
+    admin.batch_execute("CREATE DATABASE fresh_040").unwrap();
+    let mut old = c.connect_as("postgres", "upgraded_030");
+    old.batch_execute("CREATE EXTENSION pg_ticket VERSION '0.3.0'").unwrap();
+    assert_eq!(one(&mut old, "SELECT next_scoped_id('up3', 'd')"), 1);
+    assert_eq!(one(&mut old, "SELECT last_id FROM reserve_block('up3', 10)"), 10);
+    let ticket = one(&mut old, "SELECT next_ticket('up3', 'd')");
+    let flake = one(&mut old, "SELECT snowflake_id()");
+    // A live lease with its secret, granted by 0.3.0's functions.
+    old.batch_execute("SELECT end_lease_hold_off()").unwrap();
+    let (id, token, secret): (i32, i64, String) = old
+        .query_one("SELECT machine_id, lease, secret FROM lease_machine_id('upgrade-holder', '10 minutes')", &[])
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .unwrap();
+
+    old.batch_execute("ALTER EXTENSION pg_ticket UPDATE").unwrap();
+    assert_eq!(old.query_one("SELECT extversion FROM pg_extension WHERE extname = 'pg_ticket'", &[]).unwrap().get::<_, String>(0), current());
+    assert_eq!(one(&mut old, "SELECT next_scoped_id('up3', 'd')"), 2, "counting continues");
+    assert_eq!(one(&mut old, "SELECT first_id FROM reserve_block('up3', 5)"), 11);
+    assert!(one(&mut old, "SELECT next_ticket('up3', 'd')") > ticket);
+    assert!(one(&mut old, "SELECT snowflake_id()") > flake);
+    // The live lease is kept and its holder renews it with its secret.
+    old.query_one("SELECT renew_machine_id($1, $2, $3, '10 minutes')", &[&id, &token, &secret]).unwrap();
+    let state: String = old.query_one("SELECT state FROM pgticket.machine_leases WHERE machine_id = $1", &[&id]).unwrap().get(0);
+    assert_eq!(state, "held");
+
+    let mut new = c.connect_as("postgres", "fresh_040");
     new.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
     assert_same_objects(&mut old, &mut new);
 }
