@@ -87,11 +87,10 @@ impl MarkStore for WalMarkStore {
         // A mark in the file that no ID uses yet is harmless (higher is
         // always safe); no ID is stamped under it until the standbys have
         // it: the caller raises its reservation only on Ok.
-        logged_write(XLOG_MARK, &bytes, || file().save(reserved_until_unix_ms)).map_err(|e| match e {
-            LoggedWriteError::File(e) => e,
-            LoggedWriteError::NotReplicated => "the synchronous standbys did not confirm the new snowflake mark (the wait was cancelled or \
+        logged_write(XLOG_MARK, &bytes, "the new snowflake mark", || file().save(reserved_until_unix_ms)).map_err(|NotReplicated| {
+            "the synchronous standbys did not confirm the new snowflake mark (the wait was cancelled or \
                  the session is ending): no ID is stamped under it"
-                .into(),
+                .into()
         })
     }
 
@@ -100,13 +99,19 @@ impl MarkStore for WalMarkStore {
     }
 }
 
-enum LoggedWriteError {
-    File(String),
-    NotReplicated,
-}
+/// The synchronous standbys did not confirm a record (the wait was
+/// cancelled or the session is ending).
+struct NotReplicated;
 
 /// A WAL record of ours, flushed, then the file it stands for written by
-/// `write_file`, then the synchronous standbys' confirmation awaited. The
+/// `write_file`, then the synchronous standbys' confirmation awaited.
+/// A record in WAL is in effect (SPEC §17.2): standbys replay it, so a
+/// file write that fails after it must not leave the server running on
+/// the older file, which a clean restart would believe (a released shard
+/// issuing again). It stops the server as PostgreSQL stops on a failed
+/// write of its own state (PANIC): crash recovery replays the record into
+/// the file, or the server does not start while the file cannot be
+/// written. The
 /// caller holds the generator's writer flag (freed at exit by MarkWriter).
 /// A checkpoint may not start between the record and the file write (a
 /// base backup whose start checkpoint fell between them would copy the old
@@ -115,7 +120,7 @@ enum LoggedWriteError {
 /// the standby wait: the checkpointer is also what applies a changed
 /// synchronous_standby_names and releases waiters. Only while issuing,
 /// never during recovery.
-fn logged_write(info: u8, bytes: &[u8], write_file: impl FnOnce() -> Result<(), String>) -> Result<(), LoggedWriteError> {
+fn logged_write(info: u8, bytes: &[u8], what: &str, write_file: impl FnOnce() -> Result<(), String>) -> Result<(), NotReplicated> {
     let _writing = super::MarkWriter::enter();
     let lsn = {
         let _no_checkpoint = DelayCheckpointStart::new();
@@ -126,11 +131,18 @@ fn logged_write(info: u8, bytes: &[u8], write_file: impl FnOnce() -> Result<(), 
             pg_sys::XLogFlush(lsn);
             lsn
         };
-        write_file().map_err(LoggedWriteError::File)?;
+        if let Err(e) = write_file() {
+            pgrx::ereport!(
+                PANIC,
+                PgSqlErrorCode::ERRCODE_IO_ERROR,
+                format!("pg_ticket: {what} is in WAL but its file could not be written: {e}"),
+                "The server stops so that the record is not forgotten: crash recovery writes the file from WAL once the data directory is writable (free space, permissions)."
+            );
+        }
         lsn
     };
     if !crate::xact::wait_for_synchronous_standbys(lsn) {
-        return Err(LoggedWriteError::NotReplicated);
+        return Err(NotReplicated);
     }
     Ok(())
 }
@@ -159,12 +171,13 @@ impl ShardBook for WalShardBook {
         };
         bytes[2] = kind;
         bytes[3..].copy_from_slice(&point.to_le_bytes());
-        logged_write(XLOG_SHARD, &bytes, || book_file().set(shard, standing)).map_err(|e| match e {
-            LoggedWriteError::File(e) => e,
-            LoggedWriteError::NotReplicated => format!(
-                "the synchronous standbys did not confirm the shard book's new standing of shard {shard} (the wait was cancelled or the session is ending)"
-            ),
-        })
+        logged_write(XLOG_SHARD, &bytes, &format!("the shard book's new standing of shard {shard}"), || book_file().set(shard, standing)).map_err(
+            |NotReplicated| {
+                format!(
+                    "the synchronous standbys did not confirm the shard book's new standing of shard {shard} (the wait was cancelled or the session is ending)"
+                )
+            },
+        )
     }
 }
 
