@@ -12,6 +12,7 @@
 //! `pgticket.lease_registry` and `pgticket.lease_tokens`.
 
 mod registry;
+pub use registry::check_own_id_unleased;
 
 use pgrx::datum::Interval;
 use pgrx::prelude::*;

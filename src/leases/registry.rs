@@ -77,6 +77,9 @@ struct Serving {
     margin_ms: i64,
     /// Its row records less than its settings allow now.
     record_settings: bool,
+    /// Stamps of leases it may have forgotten end here: the end of its
+    /// latest hold-off (0 for none); every grant starts after it.
+    forgotten_stamps_until_ms: i64,
 }
 
 fn ts(unix_ms: i64) -> DatumWithOid<'static> {
@@ -166,12 +169,26 @@ fn serving(client: &mut SpiClient<'_>, me: Identity) -> Result<Serving, SpiError
         .unwrap_or(false);
     if let [(id, _, _)] = rows[..] {
         if id == me && !tokens_rewound {
-            return Ok(Serving { grants_from_ms: i64::MIN, settled: true, max_ttl_ms, margin_ms, record_settings });
+            return Ok(Serving {
+                grants_from_ms: i64::MIN,
+                settled: true,
+                max_ttl_ms,
+                margin_ms,
+                record_settings,
+                forgotten_stamps_until_ms: latest_row_ms.max(0),
+            });
         }
     }
     let since_ms = serving_since_ms(client, me, latest_row_ms)?;
     let grants_from_ms = leases::grants_resume_at(since_ms, max_ttl_ms, margin_ms);
-    Ok(Serving { grants_from_ms, settled: false, max_ttl_ms, margin_ms, record_settings })
+    Ok(Serving {
+        grants_from_ms,
+        settled: false,
+        max_ttl_ms,
+        margin_ms,
+        record_settings,
+        forgotten_stamps_until_ms: grants_from_ms.max(latest_row_ms).max(0),
+    })
 }
 
 /// Make the registry's identity row its own (under a lock, so concurrent
@@ -365,7 +382,7 @@ pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
                 if last.free_from_ms(margin_ms) > leased_at_ms {
                     continue;
                 }
-                let not_before_ms = last.not_before_ms(margin_ms);
+                let not_before_ms = leases::grant_not_before_ms(Some(&last), margin_ms, serving.forgotten_stamps_until_ms);
                 let granted = client.update(
                     &format!(
                         "UPDATE pgticket.machine_id_leases SET holder = $3, lease = pg_catalog.nextval('pgticket.lease_tokens'::pg_catalog.regclass), \
@@ -386,13 +403,15 @@ pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
                 )?;
                 (granted, leased_at_ms, not_before_ms)
             } else {
-                // Never leased: nobody stamped with it, nothing to wait for.
+                // Never leased here: only a holder this registry may have
+                // forgotten can have stamped with it.
                 let leased_at_ms = now_unix_ms();
+                let not_before_ms = leases::grant_not_before_ms(None, margin_ms, serving.forgotten_stamps_until_ms);
                 let granted = client.update(
                     &format!(
                         "INSERT INTO pgticket.machine_id_leases \
                             (machine_id, holder, lease, secret_hash, leased_at, expires_at, not_before_ms, margin_ms) \
-                         VALUES ($1, $3, pg_catalog.nextval('pgticket.lease_tokens'::pg_catalog.regclass), {SECRET_HASH}, $4, $5, 0, $6) \
+                         VALUES ($1, $3, pg_catalog.nextval('pgticket.lease_tokens'::pg_catalog.regclass), {SECRET_HASH}, $4, $5, $7, $6) \
                          ON CONFLICT DO NOTHING RETURNING lease"
                     ),
                     None,
@@ -403,10 +422,11 @@ pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
                         ts(leased_at_ms),
                         ts(leased_at_ms + ttl_ms),
                         margin_ms.into(),
+                        not_before_ms.into(),
                     ],
                 )?;
                 // Empty: another grant took it first.
-                (granted, leased_at_ms, 0)
+                (granted, leased_at_ms, not_before_ms)
             };
             if granted.is_empty() {
                 continue;
@@ -443,7 +463,7 @@ pub fn renew(machine_id: u16, lease: i64, secret: u128, ttl_ms: i64, last_issued
         let locked = lock_lease(client, machine_id, false, Some(secret))?;
         let now_ms = now_unix_ms();
         let (current, secret_check) = (locked.map(|(c, _, _)| c), locked.map_or(SecretCheck::Differs, |(_, _, s)| s));
-        if let Err(e) = leases::check_renewal(current.as_ref(), machine_id, lease, secret_check, now_ms) {
+        if let Err(e) = leases::check_renewal(current.as_ref(), machine_id, lease, secret_check, now_ms, settings::own_snowflake_machine_id()) {
             return Ok(Err(e.into()));
         }
         let (current, last) = locked.map(|(c, l, _)| (c, l)).expect("checked above");
@@ -520,4 +540,42 @@ pub fn revoke(machine_id: u16) -> Result<bool, TicketError> {
         )?;
         Ok(Ok(true))
     })
+}
+
+thread_local! {
+    /// The state-table generation and own machine id at which this
+    /// database's leases were found to leave the server's own id alone.
+    static OWN_ID_CHECKED: std::cell::Cell<Option<(u64, u16)>> = const { std::cell::Cell::new(None) };
+}
+
+/// SPEC §17.4: refuses (55000) while this database's registry has a lease
+/// of `machine_id` — the id this server stamps itself — that is held or
+/// within its margin: a registry restarted with its fixed id set to an id
+/// it had leased out (0.3.0 stamped beside that holder). Grants never give
+/// the server's own id and renewals of it are refused, so once clear it
+/// stays clear: checked once per backend and state-table generation.
+pub fn check_own_id_unleased(machine_id: u16) -> Result<(), TicketError> {
+    let generation = crate::state_tables::generation();
+    if OWN_ID_CHECKED.get() == Some((generation, machine_id)) {
+        return Ok(());
+    }
+    let Some(table) = crate::state_tables::lookup().and_then(|t| t.machine_id_leases) else {
+        return Ok(());
+    };
+    let last = crate::state_tables::as_owner_of(table, || {
+        Spi::connect(|client| {
+            let rows = client.select(
+                &format!("SELECT {LEASE_COLUMNS} FROM pgticket.machine_id_leases WHERE machine_id OPERATOR(pg_catalog.=) $1"),
+                None,
+                &[i32::from(machine_id).into()],
+            )?;
+            Ok::<_, SpiError>(leases_of(rows, false)?.pop().map(|(_, last, _)| last))
+        })
+    })
+    .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot read pgticket.machine_id_leases: {e}"));
+    if let Some(free_from_ms) = last.map(|l| l.free_from_ms(settings::lease_margin_ms())).filter(|t| *t > now_unix_ms()) {
+        return Err(LeaseError::OwnIdLeasedOut { machine_id, free_from_ms }.into());
+    }
+    OWN_ID_CHECKED.set(Some((generation, machine_id)));
+    Ok(())
 }

@@ -201,7 +201,10 @@ pub fn next_id() -> i64 {
     crate::xact::check_writable().or_raise();
     space::check_database().or_raise();
     match settings::machine_id() {
-        MachineId::Fixed(id) => issue(&SystemClock, id, i64::MAX).or_raise(),
+        MachineId::Fixed(id) => {
+            crate::leases::check_own_id_unleased(id).or_raise();
+            issue(&SystemClock, id, i64::MAX).or_raise()
+        }
         MachineId::Leased => lease::next_id(|clock, id, stamp_cap_unix_ms| issue(clock, id, stamp_cap_unix_ms)).or_raise(),
     }
 }

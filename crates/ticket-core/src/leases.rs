@@ -41,6 +41,14 @@ pub enum LeaseError {
     Released { machine_id: u16, lease: i64 },
     #[error("lease {lease} of machine id {machine_id} was revoked; stop issuing and lease anew")]
     Revoked { machine_id: u16, lease: i64 },
+    /// SPEC §17.4: the registry's server stamps this id itself (its fixed
+    /// `pg_ticket.machine_id`, changed since the grant): two stampers.
+    #[error("lease {lease} of machine id {machine_id} is not renewed: this registry's server now stamps machine id {machine_id} itself (pg_ticket.machine_id); stop issuing and lease anew")]
+    OwnId { machine_id: u16, lease: i64 },
+    /// SPEC §17.4, on the stamping side: the server's own fixed id is
+    /// leased out by its registry (no token named: the caller may be any role).
+    #[error("this server stamps machine id {machine_id} (pg_ticket.machine_id), which this database's lease registry has leased out until {}: snowflake_id() is refused until then (renewals of that lease are refused, so its holder stops)", crate::epoch::format_unix_ms(*.free_from_ms))]
+    OwnIdLeasedOut { machine_id: u16, free_from_ms: i64 },
     #[error("this registry started (a restart, a restore, a promotion or a copy) and may have forgotten leases granted since its state was saved: it grants again in {wait_ms} ms (pg_ticket.lease_max_ttl plus pg_ticket.lease_margin after it started serving); renewals go on")]
     HoldOff { wait_ms: i64 },
     #[error("no machine id is free: {held} held, {cooling} within pg_ticket.lease_margin of their end{}", match .next_free_in_ms { Some(ms) => format!("; the next frees in {ms} ms"), None => String::new() })]
@@ -242,6 +250,21 @@ pub fn grants_resume_at(serving_since_ms: i64, max_ttl_ms: i64, margin_ms: i64) 
     serving_since_ms.saturating_add(max_ttl_ms).saturating_add(margin_ms)
 }
 
+/// A grant's `not_before_ms`: after every stamp an earlier holder of the id
+/// may have made — the holders the registry knows (`last`; none for an id
+/// never leased here) and any it may have forgotten. A registry that held
+/// off (SPEC §8 rule 7) knows when those could stamp until: a forgotten
+/// lease was granted or renewed before it started serving, for at most the
+/// longest ttl, and its holder stamps up to its end plus the margin (half
+/// for its cap, half for its clock's skew) — exactly where the hold-off
+/// ended (`grants_resume_at`, recorded as the identity row's `grants_from`).
+/// The hold-off alone is one margin short: the new holder's clock may run
+/// up to half a margin behind the registry's, so it could stamp below the
+/// hold-off's end.
+pub fn grant_not_before_ms(last: Option<&LastLease>, margin_ms: i64, forgotten_stamps_until_ms: i64) -> i64 {
+    last.map_or(0, |l| l.not_before_ms(margin_ms)).max(forgotten_stamps_until_ms)
+}
+
 /// An id's current lease as the registry has it, for renewals and releases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CurrentLease {
@@ -280,8 +303,21 @@ fn check_holder(current: Option<&CurrentLease>, machine_id: u16, lease: i64, sec
 /// anew (restored, promoted, copied) renews the leases it knows: their
 /// holders are the only ones with the secret, and the id was not granted to
 /// anyone else before they ended (SPEC §8 rule 7).
-pub fn check_renewal(current: Option<&CurrentLease>, machine_id: u16, lease: i64, secret: SecretCheck, now_ms: i64) -> Result<(), LeaseError> {
+/// `own_machine_id`: the id the registry's server stamps itself, if any: a
+/// lease of it is never renewed (a server restarted with its fixed id set
+/// to an id it had leased out would stamp beside the holder, SPEC §17.4).
+pub fn check_renewal(
+    current: Option<&CurrentLease>,
+    machine_id: u16,
+    lease: i64,
+    secret: SecretCheck,
+    now_ms: i64,
+    own_machine_id: Option<u16>,
+) -> Result<(), LeaseError> {
     let current = check_holder(current, machine_id, lease, secret)?;
+    if own_machine_id == Some(machine_id) {
+        return Err(LeaseError::OwnId { machine_id, lease });
+    }
     if current.revoked {
         return Err(LeaseError::Revoked { machine_id, lease });
     }
@@ -493,6 +529,18 @@ mod tests {
     }
 
     #[test]
+    fn a_grant_after_a_hold_off_starts_above_every_forgotten_holders_stamps() {
+        // Serving since 1 000 000 with a longest ttl of 300 s: a forgotten
+        // lease may run to 1 300 000 and be stamped to 1 300 000 + margin.
+        let forgotten_until = grants_resume_at(1_000_000, 300_000, MARGIN);
+        assert_eq!(forgotten_until, 1_310_000);
+        assert_eq!(grant_not_before_ms(None, MARGIN, forgotten_until), 1_310_000, "an id never leased here too");
+        let known = lease(2_000_000, None, false, None);
+        assert_eq!(grant_not_before_ms(Some(&known), MARGIN, forgotten_until), 2_010_000, "a known later holder counts");
+        assert_eq!(grant_not_before_ms(None, MARGIN, 0), 0, "a registry that never held off");
+    }
+
+    #[test]
     fn not_before_carries_forward_over_every_earlier_holder() {
         let mut l = lease(100_000, Some(40_000), false, None);
         l.not_before_ms = 70_000; // an earlier holder reported stamps up to here
@@ -533,18 +581,21 @@ mod tests {
     fn only_the_current_live_lease_renews_and_only_with_its_secret() {
         use SecretCheck::*;
         let cur = CurrentLease { machine_id: 5, lease: 42, leased_at_ms: 1_000, expires_at_ms: 61_000, ended_at_ms: None, revoked: false };
-        assert_eq!(check_renewal(Some(&cur), 5, 42, Matches, 60_999), Ok(()));
-        assert_eq!(check_renewal(Some(&cur), 5, 42, Matches, 61_000), Err(LeaseError::Expired { machine_id: 5, lease: 42, ago_ms: 0 }));
+        assert_eq!(check_renewal(Some(&cur), 5, 42, Matches, 60_999, None), Ok(()));
+        assert_eq!(check_renewal(Some(&cur), 5, 42, Matches, 61_000, None), Err(LeaseError::Expired { machine_id: 5, lease: 42, ago_ms: 0 }));
         let not_held = Err(LeaseError::NotHeld { machine_id: 5, lease: 41 });
-        assert_eq!(check_renewal(Some(&cur), 5, 41, Matches, 2_000), not_held);
-        assert_eq!(check_renewal(Some(&cur), 5, 41, Differs, 2_000), not_held);
-        assert_eq!(check_renewal(Some(&cur), 5, 42, Differs, 2_000), Err(LeaseError::NotHeld { machine_id: 5, lease: 42 }), "a wrong secret reads as a wrong token");
-        assert_eq!(check_renewal(Some(&cur), 5, 42, NoneOnRecord, 2_000), Err(LeaseError::NoSecret { machine_id: 5, lease: 42 }));
-        assert_eq!(check_renewal(None, 5, 42, Matches, 2_000), Err(LeaseError::NeverLeased { machine_id: 5 }));
+        assert_eq!(check_renewal(Some(&cur), 5, 41, Matches, 2_000, None), not_held);
+        assert_eq!(check_renewal(Some(&cur), 5, 41, Differs, 2_000, None), not_held);
+        assert_eq!(check_renewal(Some(&cur), 5, 42, Differs, 2_000, None), Err(LeaseError::NotHeld { machine_id: 5, lease: 42 }), "a wrong secret reads as a wrong token");
+        assert_eq!(check_renewal(Some(&cur), 5, 42, NoneOnRecord, 2_000, None), Err(LeaseError::NoSecret { machine_id: 5, lease: 42 }));
+        assert_eq!(check_renewal(None, 5, 42, Matches, 2_000, None), Err(LeaseError::NeverLeased { machine_id: 5 }));
+        assert_eq!(check_renewal(Some(&cur), 5, 42, Matches, 2_000, Some(5)), Err(LeaseError::OwnId { machine_id: 5, lease: 42 }), "the server stamps 5 itself");
+        assert_eq!(check_renewal(Some(&cur), 5, 42, Differs, 2_000, Some(5)), Err(LeaseError::NotHeld { machine_id: 5, lease: 42 }), "only its holder learns why");
+        assert_eq!(check_renewal(Some(&cur), 5, 42, Matches, 2_000, Some(6)), Ok(()));
         let released = CurrentLease { ended_at_ms: Some(2_000), ..cur };
-        assert_eq!(check_renewal(Some(&released), 5, 42, Matches, 3_000), Err(LeaseError::Released { machine_id: 5, lease: 42 }));
+        assert_eq!(check_renewal(Some(&released), 5, 42, Matches, 3_000, None), Err(LeaseError::Released { machine_id: 5, lease: 42 }));
         let revoked = CurrentLease { revoked: true, ended_at_ms: Some(2_000), ..cur };
-        assert_eq!(check_renewal(Some(&revoked), 5, 42, Matches, 3_000), Err(LeaseError::Revoked { machine_id: 5, lease: 42 }));
+        assert_eq!(check_renewal(Some(&revoked), 5, 42, Matches, 3_000, None), Err(LeaseError::Revoked { machine_id: 5, lease: 42 }));
         assert_eq!(check_release(Some(&released), 5, 42, Matches), Ok(()), "a second release is harmless");
         assert_eq!(check_release(Some(&cur), 5, 7, Matches), Err(LeaseError::NotHeld { machine_id: 5, lease: 7 }));
         assert_eq!(check_release(Some(&cur), 5, 42, Differs), Err(LeaseError::NotHeld { machine_id: 5, lease: 42 }));

@@ -663,6 +663,11 @@ fn a_registry_created_again_holds_off_and_never_reissues_a_token() {
     assert!(first_call.elapsed() >= Duration::from_millis(4_000), "held off the longest ttl plus the margin: {:?}", first_call.elapsed());
     assert!(now_ms() > a.expires_ms + 1_000, "every lease of the earlier life has ended plus the margin");
     assert!(b.lease > a.lease, "tokens never restart low: {} after {}", b.lease, a.lease);
+    // #30 item 6: a's holder may stamp up to its end plus the margin (half
+    // for its cap, half for its clock's skew), and b's holder, its clock up
+    // to half a margin behind, from its grant less that: b starts above
+    // every stamp a may have made (0.3.0 gave b not_before 0).
+    assert!(b.not_before_ms >= a.expires_ms + 1_000, "b's not_before {} is above a's last possible stamp {}", b.not_before_ms, a.expires_ms + 1_000);
     c.stop();
 }
 
@@ -807,4 +812,43 @@ fn a_slow_network_is_not_clock_skew_a_given_up_call_grants_nothing_and_a_moved_e
     });
     drop(locked_out);
     registry.stop();
+}
+
+/// #30 item 5 (SPEC §17.4): a registry that stamps with a fixed id, restarted
+/// with that id set to one it had leased out (the natural route: a registry
+/// first loaded on demand, later preloaded without `pg_ticket.machine_id`).
+/// 0.3.0 renewed the holder's lease and stamped the same id itself. Now
+/// the holder's renewal is refused (it stops), and the server's
+/// `snowflake_id()` is refused until the lease has ended plus the margin.
+#[test]
+fn a_registry_restarted_with_its_fixed_id_set_to_a_leased_one_never_stamps_beside_its_holder() {
+    let c = Cluster::start(
+        "lh-ownid",
+        55602,
+        &["pg_ticket.machine_id = 1023", "pg_ticket.lease_margin = '1s'", "pg_ticket.lease_max_ttl = '3s'"],
+    );
+    let mut db = c.connect();
+    let held = lease(&mut db, "holder", "3 s").unwrap();
+    assert_eq!(held.machine_id, 0, "the lowest id, never the registry's own 1023");
+    db.batch_execute("ALTER SYSTEM SET pg_ticket.machine_id = 0").unwrap();
+    drop(db);
+    c.stop();
+    c.up(None);
+    let mut db = c.connect();
+    let err = renew(&mut db, &held, "3 s").expect_err("a lease of the server's own id is not renewed");
+    assert_eq!(sqlstate(&err), "55000", "{err:?}");
+    assert!(message(&err).contains("stamps machine id 0 itself"), "{}", message(&err));
+    let err = db.query_one("SELECT snowflake_id()", &[]).expect_err("no stamp beside the holder");
+    assert_eq!(sqlstate(&err), "55000", "{err:?}");
+    assert!(message(&err).contains("has leased out until"), "{}", message(&err));
+    // Once the lease has ended plus the margin, the id is the server's.
+    let free_from = held.expires_ms + 1_000;
+    wait_until("the server stamps after the lease is over", Duration::from_secs(20), || {
+        db.query_one("SELECT snowflake_id()", &[]).is_ok()
+    });
+    assert!(now_ms() >= free_from, "not before the lease's end plus the margin");
+    let id: i64 = db.query_one("SELECT snowflake_id()", &[]).unwrap().get(0);
+    let machine: i32 = db.query_one("SELECT machine_id FROM snowflake_decode($1)", &[&id]).unwrap().get(0);
+    assert_eq!(machine, 0);
+    c.stop();
 }

@@ -43,8 +43,11 @@ CREATE TEMP TABLE granted AS SELECT * FROM lease_machine_id('worker-a');
 INSERT INTO granted SELECT * FROM lease_machine_id('worker-b', '5 minutes');
 INSERT INTO granted SELECT * FROM lease_machine_id('worker-c', '1 second');
 -- Never the own id 0; never leased ids first; fencing tokens increase;
--- the epoch is this server's; expiry is the ttl from now.
-SELECT machine_id, lease > lag(lease) OVER (ORDER BY lease) AS token_increases, not_before_ms,
+-- the epoch is this server's; expiry is the ttl from now; not_before_ms is
+-- where the hold-off ended (by end_lease_hold_off() above: already past).
+SELECT machine_id, lease > lag(lease) OVER (ORDER BY lease) AS token_increases,
+       not_before_ms BETWEEN (extract(epoch FROM now() - interval '1 hour') * 1000)::bigint
+                         AND (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS not_before_passed,
        epoch_ms = extract(epoch FROM timestamptz '2026-01-01 00:00:00+00') * 1000 AS epoch_is_the_servers,
        expires_at > now() AS expires_later
   FROM granted ORDER BY lease;
