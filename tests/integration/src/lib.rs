@@ -141,6 +141,19 @@ impl Cluster {
         db
     }
 
+    /// `ALTER SYSTEM SET pg_ticket.shards` and a reload, waited for until a
+    /// new session reads the new list.
+    pub fn reload_shards(&self, shards: &str) {
+        let mut admin = self.connect();
+        admin.batch_execute(&format!("ALTER SYSTEM SET pg_ticket.shards = '{shards}'")).unwrap();
+        admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.connect().query_one("SHOW pg_ticket.shards", &[]).unwrap().get::<_, String>(0) != shards {
+            assert!(Instant::now() < deadline, "pg_ticket.shards never became {shards:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Connect, retrying while the server restarts (crash recovery), up to 60 s.
     pub fn connect_when_ready(&self) -> Client {
         let deadline = Instant::now() + Duration::from_secs(60);

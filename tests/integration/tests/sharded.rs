@@ -25,17 +25,6 @@ fn accept_new(c: &mut Client, shards: &[i32]) {
     }
 }
 
-fn reload_shards(c: &Cluster, shards: &str) {
-    let mut admin = c.connect();
-    admin.batch_execute(&format!("ALTER SYSTEM SET pg_ticket.shards = '{shards}'")).unwrap();
-    admin.batch_execute("SELECT pg_reload_conf()").unwrap();
-    // A new session has read the reloaded file.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while c.connect().query_one("SHOW pg_ticket.shards", &[]).unwrap().get::<_, String>(0) != shards {
-        assert!(Instant::now() < deadline, "pg_ticket.shards never became {shards:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 #[test]
 fn eight_clients_on_four_shards_never_share_an_id_and_each_shard_increases() {
@@ -139,7 +128,7 @@ fn a_promoted_standby_continues_each_shard_above_the_primary() {
     issued.extend(ids(&mut p, 2, 3_000).unwrap());
     // Shard 3 leaves the primary (its new owner is elsewhere): released in
     // WAL, so the standby has it released too, whatever its settings say.
-    reload_shards(&primary, "1-2");
+    primary.reload_shards("1-2");
     let mut p = primary.connect();
     p.query_one("SELECT sharded_release(3)", &[]).unwrap();
     p.batch_execute("SELECT next_scoped_id('replayed', 'x')").unwrap();
@@ -174,7 +163,7 @@ fn a_shard_handed_over_never_goes_below_its_old_owners_last_id() {
     let err = o.query_one("SELECT sharded_release(5)", &[]).unwrap_err();
     assert_eq!(sqlstate(&err), "55000", "released while still owned: {err}");
 
-    reload_shards(&old, "0-4,6-7");
+    old.reload_shards("0-4,6-7");
     let mut o = old.connect();
     let point: i64 = o.query_one("SELECT sharded_release(5)", &[]).unwrap().get(0);
     assert_eq!(point, last, "the handover point is the last ID issued");
@@ -184,7 +173,7 @@ fn a_shard_handed_over_never_goes_below_its_old_owners_last_id() {
     assert_eq!(sqlstate(&err), "55000", "{err}");
     // Listed again and restarted, the old owner still refuses it.
     drop(o);
-    reload_shards(&old, "0-7");
+    old.reload_shards("0-7");
     old.stop_with("immediate");
     old.up(None);
     let mut o = old.connect_when_ready();
@@ -194,7 +183,7 @@ fn a_shard_handed_over_never_goes_below_its_old_owners_last_id() {
     let mut n = new.connect();
     let err = n.query_one("SELECT sharded_accept(5, $1)", &[&point]).unwrap_err();
     assert_eq!(sqlstate(&err), "55000", "accepted a shard not in pg_ticket.shards: {err}");
-    reload_shards(&new, "5,8-15");
+    new.reload_shards("5,8-15");
     let mut n = new.connect();
     let err = ids(&mut n, 5, 1).unwrap_err();
     assert_eq!(sqlstate(&err), "55000", "listed on the new owner before the handover: {err}");

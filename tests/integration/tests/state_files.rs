@@ -7,16 +7,6 @@ use postgres::Client;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-fn reload_shards(c: &Cluster, shards: &str) {
-    let mut admin = c.connect();
-    admin.batch_execute(&format!("ALTER SYSTEM SET pg_ticket.shards = '{shards}'")).unwrap();
-    admin.batch_execute("SELECT pg_reload_conf()").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while c.connect().query_one("SHOW pg_ticket.shards", &[]).unwrap().get::<_, String>(0) != shards {
-        assert!(Instant::now() < deadline, "pg_ticket.shards never became {shards:?}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
 /// A directory where the file's temporary copy goes: every write of that
 /// file fails, as on a full or read-only disk.
@@ -51,7 +41,7 @@ fn a_release_whose_book_write_failed_is_not_forgotten_at_the_next_start() {
     let mut admin = c.connect();
     admin.query_one("SELECT sharded_accept(1, 0)", &[]).unwrap();
     admin.query_one("SELECT max(sharded_id(1)) FROM generate_series(1, 1000)", &[]).unwrap();
-    reload_shards(&c, "0,2-3");
+    c.reload_shards("0,2-3");
     let blocker = block_writes_of(&c, "pg_ticket_shards.book");
     let mut admin = c.connect();
     let released = admin.query_one("SELECT sharded_release(1)", &[]);
@@ -64,7 +54,7 @@ fn a_release_whose_book_write_failed_is_not_forgotten_at_the_next_start() {
     assert!(log.contains("PANIC") && log.contains("shard book"), "the stop names the shard book: {log}");
     std::fs::remove_dir_all(&blocker).unwrap();
     c.up(None);
-    reload_shards(&c, "0-3");
+    c.reload_shards("0-3");
     let mut admin = c.connect();
     let err = admin.query_one("SELECT sharded_id(1)", &[]).expect_err("a released shard must not issue after the restart");
     assert_eq!(sqlstate(&err), "55000", "{err}");
