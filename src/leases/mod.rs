@@ -116,7 +116,7 @@ fn release_machine_id_with_secret(
 /// they are refused rather than served (SPEC §8 rule 9).
 fn needs_update() -> ! {
     TicketError::StateTableUnfit(
-        "machine-id leases need ALTER EXTENSION pg_ticket UPDATE: this library (0.3.0) gives every lease a secret, and the catalog has 0.2.0's functions".into(),
+        "machine-id leases need ALTER EXTENSION pg_ticket UPDATE: leases have had a secret since 0.3.0, and the catalog has 0.2.0's functions".into(),
     )
     .raise()
 }
