@@ -55,6 +55,7 @@ pub extern "C-unwind" fn _PG_init() {
     snowflake::init_shared_memory();
     snowflake::register_wal();
     snowflake::refuse_another_id_space();
+    snowflake::mark_a_restored_start();
     if preloaded.self_leasing {
         snowflake::register_lease_worker();
     }

@@ -194,20 +194,41 @@ fn refuse_unfit(table: &str, persistence: &str, schema: &str, not_always: Option
 /// blocks nothing.
 pub fn check_change_trigger(table: Table, name: &str) {
     // Statement level (no ROW bit), AFTER (no BEFORE bit), the four events.
-    const ALL_EVENTS_AFTER_STATEMENT: i16 = (pg_sys::TRIGGER_TYPE_INSERT | pg_sys::TRIGGER_TYPE_DELETE | pg_sys::TRIGGER_TYPE_UPDATE | pg_sys::TRIGGER_TYPE_TRUNCATE) as i16;
+    const ALL_EVENTS_AFTER_STATEMENT: u32 = pg_sys::TRIGGER_TYPE_INSERT | pg_sys::TRIGGER_TYPE_DELETE | pg_sys::TRIGGER_TYPE_UPDATE | pg_sys::TRIGGER_TYPE_TRUNCATE;
+    check_trigger(table, name, ALL_EVENTS_AFTER_STATEMENT, "AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE", "STATEMENT");
+}
+
+/// The same for a table whose `changed` trigger tells the sessions of some
+/// rows only (AFTER INSERT OR UPDATE, FOR EACH ROW, enabled ALWAYS): the
+/// function decides which rows matter.
+/// A catalog of before 0.4.0 (the library installed, ALTER EXTENSION
+/// UPDATE not yet run) has no such function: it is served as 0.3.0 was.
+pub fn check_row_change_trigger(table: Table, name: &str) {
+    let function = format!("pgticket.{name}_changed()");
+    let before_update = Spi::get_one_with_args::<bool>("SELECT pg_catalog.to_regprocedure($1) IS NULL", &[function.as_str().into()])
+        .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot look up {function}: {e}"))
+        .unwrap_or(true);
+    if before_update {
+        return;
+    }
+    const INSERT_UPDATE_AFTER_ROW: u32 = pg_sys::TRIGGER_TYPE_ROW | pg_sys::TRIGGER_TYPE_INSERT | pg_sys::TRIGGER_TYPE_UPDATE;
+    check_trigger(table, name, INSERT_UPDATE_AFTER_ROW, "AFTER INSERT OR UPDATE", "ROW");
+}
+
+fn check_trigger(table: Table, name: &str, tgtype: u32, events: &str, level: &str) {
     let fit = Spi::get_one_with_args::<bool>(
         "SELECT EXISTS (SELECT FROM pg_catalog.pg_trigger t WHERE t.tgrelid OPERATOR(pg_catalog.=) $1 \
                  AND t.tgname OPERATOR(pg_catalog.=) 'changed' AND t.tgtype OPERATOR(pg_catalog.=) $2 \
                  AND t.tgenabled OPERATOR(pg_catalog.=) 'A' AND t.tgfoid OPERATOR(pg_catalog.=) $3::pg_catalog.regprocedure)",
-        &[table.oid.into(), ALL_EVENTS_AFTER_STATEMENT.into(), format!("pgticket.{name}_changed()").as_str().into()],
+        &[table.oid.into(), (tgtype as i16).into(), format!("pgticket.{name}_changed()").as_str().into()],
     )
     .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot look up the trigger of pgticket.{name}: {e}"))
     .unwrap_or(false);
     if !fit {
         crate::errors::TicketError::StateTableUnfit(format!(
             "pg_ticket: the state table pgticket.{name} lacks its trigger \"changed\" as created (other sessions would not see its changes); \
-             run DROP TRIGGER IF EXISTS changed ON pgticket.{name}; CREATE TRIGGER changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgticket.{name} \
-             FOR EACH STATEMENT EXECUTE FUNCTION pgticket.{name}_changed(); ALTER TABLE pgticket.{name} ENABLE ALWAYS TRIGGER changed"
+             run DROP TRIGGER IF EXISTS changed ON pgticket.{name}; CREATE TRIGGER changed {events} ON pgticket.{name} \
+             FOR EACH {level} EXECUTE FUNCTION pgticket.{name}_changed(); ALTER TABLE pgticket.{name} ENABLE ALWAYS TRIGGER changed"
         ))
         .raise()
     }

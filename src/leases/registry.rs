@@ -554,10 +554,11 @@ thread_local! {
 /// it had leased out (0.3.0 stamped beside that holder). Grants never give
 /// the server's own id and renewals of it are refused, so through our own
 /// calls a clear database stays clear: checked once per backend and
-/// state-table generation. Not yet covered (#30, known holes): rows loaded
-/// from outside (a data-only restore, replication apply) send no
-/// invalidation, and only this database's registry is read, not another
-/// database's on the same server.
+/// state-table generation. A row of that id written from outside (a
+/// data-only restore, a replication apply, an INSERT by hand) moves the
+/// generation in every session at its commit: the table's trigger
+/// `changed` (below). Not yet covered (#30, a known hole): only this
+/// database's registry is read, not another database's on the same server.
 pub fn check_own_id_unleased(machine_id: u16) -> Result<(), TicketError> {
     let generation = crate::state_tables::generation();
     if OWN_ID_CHECKED.get() == Some((generation, machine_id)) {
@@ -566,6 +567,7 @@ pub fn check_own_id_unleased(machine_id: u16) -> Result<(), TicketError> {
     let Some(table) = crate::state_tables::lookup().and_then(|t| t.machine_id_leases) else {
         return Ok(());
     };
+    crate::state_tables::check_row_change_trigger(table, "machine_id_leases");
     let last = crate::state_tables::as_owner_of(table, || {
         Spi::connect(|client| {
             let rows = client.select(
@@ -582,4 +584,19 @@ pub fn check_own_id_unleased(machine_id: u16) -> Result<(), TicketError> {
     }
     OWN_ID_CHECKED.set(Some((generation, machine_id)));
     Ok(())
+}
+
+/// A lease row of this server's own fixed id, inserted or updated by
+/// anything: every session checks its own id again at its next
+/// `snowflake_id()` (a relcache invalidation of the table, sent at commit).
+/// Our own grants and renewals never write such a row, so the registry's
+/// steady traffic invalidates nothing.
+#[pg_trigger(sql = false)]
+fn machine_id_leases_changed<'a>(trigger: &'a pgrx::PgTrigger<'a>) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, pgrx::PgTriggerError> {
+    if let (settings::MachineId::Fixed(own), Some(row)) = (settings::machine_id(), trigger.new()) {
+        if row.get_by_name::<i32>("machine_id").ok().flatten() == Some(i32::from(own)) {
+            unsafe { pg_sys::CacheInvalidateRelcacheByRelid(trigger.relation()?.oid()) };
+        }
+    }
+    Ok(None)
 }

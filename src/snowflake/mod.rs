@@ -30,7 +30,7 @@ mod space;
 mod wal;
 pub use lease::{register_worker as register_lease_worker, snapshot as lease_snapshot};
 pub use space::registry_space;
-pub use wal::register as register_wal;
+pub use wal::{mark_a_restored_start, register as register_wal};
 
 /// Relative to the data directory (every backend's working directory), so
 /// pg_basebackup copies it with the cluster. Written ahead, at most once per

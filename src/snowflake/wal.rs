@@ -87,7 +87,7 @@ impl MarkStore for WalMarkStore {
         // A mark in the file that no ID uses yet is harmless (higher is
         // always safe); no ID is stamped under it until the standbys have
         // it: the caller raises its reservation only on Ok.
-        logged_write(XLOG_MARK, &bytes, "the new snowflake mark", || file().save(reserved_until_unix_ms)).map_err(|NotReplicated| {
+        logged_write(XLOG_MARK, &bytes, &format!("the new snowflake mark ({reserved_until_unix_ms} Unix ms)"), || file().save(reserved_until_unix_ms)).map_err(|NotReplicated| {
             "the synchronous standbys did not confirm the new snowflake mark (the wait was cancelled or \
                  the session is ending): no ID is stamped under it"
                 .into()
@@ -150,12 +150,52 @@ fn logged_write(info: u8, bytes: &[u8], what: &str, write_file: impl FnOnce() ->
 /// The shard book file, with every change written to WAL first.
 pub struct WalShardBook;
 
+/// Present from a start that cannot prove the shard book is this server's
+/// latest until the book's accepted shards are held (its first load).
+const HOLD_MARKER: &str = "pg_ticket_shards.hold";
+
+/// At preload, in the postmaster (the data directory is the working
+/// directory): a start from a base backup (`backup_label`) or a
+/// point-in-time recovery (`recovery.signal`) may be an old copy started in
+/// the server's place, whose book says it owns shards that moved since
+/// (SPEC §17.1). It holds them, as the registry holds off. A standby
+/// (`standby.signal`) follows its primary's WAL, records of the shards
+/// included, and is not held. A crash restart, and a cold copy or a file
+/// system snapshot (no backup_label), look alike and are not held: the
+/// docs say so.
+pub fn mark_a_restored_start() {
+    let exists = |name: &str| Path::new(name).exists();
+    if (exists("backup_label") || exists("recovery.signal")) && !exists("standby.signal") && !exists(HOLD_MARKER) {
+        if let Err(e) = ticket_core::snowflake::write_atomically(Path::new(HOLD_MARKER), "accepted shards are held until accepted again\n") {
+            pgrx::error!("pg_ticket: this start is from a base backup or a point-in-time recovery, and {e}");
+        }
+    }
+}
+
 pub fn book_file() -> BookFile<'static> {
     BookFile { path: Path::new(SHARD_BOOK_FILE) }
 }
 
 impl ShardBook for WalShardBook {
+    /// At the first load after a start that could not prove the book is
+    /// the latest (`mark_a_restored_start`, at preload), every accepted
+    /// shard is held first (SPEC §17.1): after recovery, so that the
+    /// records it replayed are held too.
     fn load(&self) -> Result<Vec<(u16, Standing)>, String> {
+        let marker = Path::new(HOLD_MARKER);
+        if marker.exists() {
+            let mut entries = book_file().read()?;
+            if ticket_core::sharded::hold_accepted(&mut entries) {
+                ticket_core::snowflake::write_atomically(Path::new(SHARD_BOOK_FILE), &ticket_core::sharded::format_book(&entries))?;
+                let held: Vec<String> = entries.iter().filter(|(_, s)| matches!(s, Standing::Held(_))).map(|(shard, _)| shard.to_string()).collect();
+                pgrx::log!(
+                    "pg_ticket: this server started from a base backup or a point-in-time recovery: shards {} are held until accepted again (sharded_accept)",
+                    held.join(", ")
+                );
+            }
+            std::fs::remove_file(marker).map_err(|e| format!("cannot remove {HOLD_MARKER}: {e}"))?;
+            std::fs::File::open(".").and_then(|d| d.sync_all()).map_err(|e| format!("cannot flush the data directory: {e}"))?;
+        }
         book_file().read()
     }
 
@@ -168,6 +208,7 @@ impl ShardBook for WalShardBook {
         let (kind, point) = match standing {
             Standing::Accepted(p) => (1u8, p),
             Standing::Released(p) => (2u8, p),
+            Standing::Held(p) => (3u8, p),
         };
         bytes[2] = kind;
         bytes[3..].copy_from_slice(&point.to_le_bytes());
@@ -209,6 +250,7 @@ fn record_shard(record: *mut pg_sys::XLogReaderState) -> Option<(u16, Standing)>
     match data[2] {
         1 => Some((shard, Standing::Accepted(point))),
         2 => Some((shard, Standing::Released(point))),
+        3 => Some((shard, Standing::Held(point))),
         _ => None,
     }
 }
@@ -301,6 +343,7 @@ unsafe extern "C-unwind" fn desc(buf: pg_sys::StringInfo, record: *mut pg_sys::X
         match record_shard(record) {
             Some((shard, Standing::Accepted(p))) => format!("shard {shard} accepted above ms {} sequence {}", p >> 10, p & 1023),
             Some((shard, Standing::Released(p))) => format!("shard {shard} released at ms {} sequence {}", p >> 10, p & 1023),
+            Some((shard, Standing::Held(p))) => format!("shard {shard} held at ms {} sequence {}", p >> 10, p & 1023),
             None => "shard standing (malformed)".to_string(),
         }
     } else {

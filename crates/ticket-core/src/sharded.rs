@@ -55,6 +55,8 @@ pub enum ShardError {
     NegativeId(i64),
     #[error("shard {0} was released from this server (sharded_release); it issues again only after sharded_accept()")]
     Released(u16),
+    #[error("shard {0} is held: this server started from a base backup or a point-in-time recovery, so its shard book may be older than the shard's latest owner's. If another server issued shard {0} since, run sharded_release({0}) there and sharded_accept({0}, <the point it returns>) here; if none did, sharded_accept({0}, 0) resumes it here above what this server recorded")]
+    Held(u16),
     #[error("shard {0} is in pg_ticket.shards but was never accepted here: run sharded_accept({0}, <its old owner's handover point>), or sharded_accept({0}, 0) for a shard no server issued before")]
     NotAccepted(u16),
     #[error("shard {0} is not one of this server's (pg_ticket.shards)")]
@@ -123,6 +125,31 @@ pub fn shard_of(key: &[u8], shard_count: u16) -> u16 {
 pub enum Standing {
     Accepted(u64),
     Released(u64),
+    /// Accepted, but at a start that cannot prove the book is the latest
+    /// (a base backup or a point-in-time recovery started in the server's
+    /// place, SPEC §17.1): nothing is issued until it is accepted again.
+    Held(u64),
+}
+
+impl Standing {
+    /// The shard's point, whatever its standing.
+    pub fn point(self) -> u64 {
+        match self {
+            Standing::Accepted(p) | Standing::Released(p) | Standing::Held(p) => p,
+        }
+    }
+}
+
+/// Every accepted shard held (`Standing::Held`); true if any was.
+pub fn hold_accepted(entries: &mut [(u16, Standing)]) -> bool {
+    let mut held = false;
+    for (_, standing) in entries.iter_mut() {
+        if let Standing::Accepted(p) = *standing {
+            *standing = Standing::Held(p);
+            held = true;
+        }
+    }
+    held
 }
 
 /// The durable record of every shard's standing on this server: the
@@ -140,6 +167,7 @@ pub fn format_book(entries: &[(u16, Standing)]) -> String {
         let (word, point) = match standing {
             Standing::Accepted(p) => ("accepted", p),
             Standing::Released(p) => ("released", p),
+            Standing::Held(p) => ("held", p),
         };
         text.push_str(&format!("{shard} {word} {point}\n"));
     }
@@ -160,6 +188,7 @@ pub fn parse_book(text: &str) -> Result<Vec<(u16, Standing)>, String> {
             match word {
                 "accepted" => Ok((shard, Standing::Accepted(point))),
                 "released" => Ok((shard, Standing::Released(point))),
+                "held" => Ok((shard, Standing::Held(point))),
                 _ => Err(bad()),
             }
         })
@@ -212,12 +241,14 @@ impl BookFile<'_> {
 
 const ACCEPTED: u64 = 1 << 62;
 const RELEASED: u64 = 1 << 63;
+const HELD: u64 = ACCEPTED | RELEASED;
 const POINT: u64 = ACCEPTED - 1;
 
 fn pack(standing: Standing) -> u64 {
     match standing {
         Standing::Accepted(p) => ACCEPTED | (p & POINT),
         Standing::Released(p) => RELEASED | (p & POINT),
+        Standing::Held(p) => HELD | (p & POINT),
     }
 }
 
@@ -225,6 +256,7 @@ fn unpack(packed: u64) -> Option<Standing> {
     match packed & !POINT {
         ACCEPTED => Some(Standing::Accepted(packed & POINT)),
         RELEASED => Some(Standing::Released(packed & POINT)),
+        HELD => Some(Standing::Held(packed & POINT)),
         _ => None,
     }
 }
@@ -300,6 +332,7 @@ impl<C: Clock, M: MarkStore, B: ShardBook> Server<'_, C, M, B> {
         let accepted = match unpack(state.standing.load(Ordering::Acquire)) {
             Some(Standing::Accepted(point)) => point,
             Some(Standing::Released(_)) => return Err(ShardError::Released(shard)),
+            Some(Standing::Held(_)) => return Err(ShardError::Held(shard)),
             None => return Err(ShardError::NotAccepted(shard)),
         };
         let floor = mark_floor.unwrap_or(0).max(accepted);
@@ -358,10 +391,7 @@ impl<C: Clock, M: MarkStore, B: ShardBook> Server<'_, C, M, B> {
             standing => {
                 let last = state.last.swap(CLOSED, Ordering::AcqRel);
                 let issued = if last == CLOSED { 0 } else { last };
-                let accepted = match standing {
-                    Some(Standing::Accepted(point)) => point,
-                    _ => 0,
-                };
+                let accepted = standing.map_or(0, Standing::point);
                 let point = issued.max(accepted).max(mark_floor.unwrap_or(0));
                 // In memory first: a failed write below leaves the shard
                 // closed, and a retry returns and records this same point.
@@ -394,10 +424,7 @@ impl<C: Clock, M: MarkStore, B: ShardBook> Server<'_, C, M, B> {
         let point = {
             let _writer = Busy::acquire(self.generator.writer_flag(), self.clock)?;
             let state = self.shard(shard);
-            let own = match unpack(state.standing.load(Ordering::Acquire)) {
-                Some(Standing::Accepted(p) | Standing::Released(p)) => p,
-                None => 0,
-            };
+            let own = unpack(state.standing.load(Ordering::Acquire)).map_or(0, Standing::point);
             let last = state.last.load(Ordering::Acquire);
             let point = ((parts.millis << SEQUENCE_BITS) | u64::from(parts.sequence)).max(own).max(if last == CLOSED { 0 } else { last });
             // The point as raised may lie ahead too (this server's own
@@ -513,6 +540,39 @@ mod tests {
         node.new_shard(3);
         assert!(node.server().next_id(3, true).is_ok());
         assert_eq!(node.server().next_id(3, false), Err(ShardError::NotListed(3)), "the configuration still counts");
+    }
+
+    #[test]
+    fn a_held_shard_issues_nothing_until_accepted_again_and_resumes_above_its_own_ids() {
+        let node = Node::at(100);
+        node.new_shard(2);
+        node.new_shard(5);
+        let before = node.ids(2, 3);
+        // A start that cannot prove its book is the latest holds what it
+        // accepted (the caller rewrites the book; released shards stay).
+        node.server().release(5, false).unwrap();
+        let mut entries = node.book.load().unwrap();
+        assert!(hold_accepted(&mut entries));
+        assert!(matches!(entries[..], [(2, Standing::Held(_)), (5, Standing::Released(_))]));
+        *node.book.text.borrow_mut() = format_book(&entries);
+        assert_eq!(parse_book(&node.book.text.borrow()).unwrap(), entries, "the book keeps it as text");
+        let node = node.restarted();
+        assert_eq!(node.server().next_id(2, true), Err(ShardError::Held(2)));
+        assert!(ShardError::Held(2).to_string().contains("sharded_accept(2, 0)"), "the hint names the call");
+        assert_eq!(node.server().next_id(5, true), Err(ShardError::Released(5)), "a released shard stays released");
+        // Accepting it again (here with 0: nobody else issued it) resumes
+        // above everything this server issued before.
+        node.new_shard(2);
+        assert!(node.ids(2, 1)[0] > *before.last().unwrap());
+        assert!(matches!(node.book.load().unwrap()[..], [(2, Standing::Accepted(_)), (5, Standing::Released(_))]));
+        // A held shard may also be released straight away, at a point above
+        // what it issued.
+        let mut entries = node.book.load().unwrap();
+        hold_accepted(&mut entries);
+        *node.book.text.borrow_mut() = format_book(&entries);
+        let node = node.restarted();
+        let point = node.server().release(2, false).unwrap();
+        assert!(point >= *before.last().unwrap());
     }
 
     #[test]

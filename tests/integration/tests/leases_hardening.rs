@@ -852,3 +852,32 @@ fn a_registry_restarted_with_its_fixed_id_set_to_a_leased_one_never_stamps_besid
     assert_eq!(machine, 0);
     c.stop();
 }
+
+/// SPEC §17.4 with rows from outside the registry's calls: a lease of the
+/// server's own fixed id loaded into the table (a data-only restore, a
+/// replication apply; here an INSERT in replica mode) reaches a pooled
+/// session that had already found its id clear (0.4.0 before the `changed`
+/// trigger kept stamping on its cached check).
+#[test]
+fn a_lease_of_the_own_id_loaded_from_outside_reaches_a_session_that_checked_before() {
+    let c = Cluster::start("lh-ownid-load", 55603, &["pg_ticket.machine_id = 7"]);
+    let mut pooled = c.connect();
+    pooled.query_one("SELECT snowflake_id()", &[]).expect("id 7 is clear: nothing leased it");
+    let mut loader = c.connect();
+    loader
+        .batch_execute(
+            "SET session_replication_role = replica;
+             INSERT INTO pgticket.machine_id_leases (machine_id, holder, lease, leased_at, expires_at, not_before_ms, margin_ms)
+             VALUES (7, 'restored', 1, now(), now() + interval '1 hour', 0, 1000)",
+        )
+        .unwrap();
+    let err = pooled.query_one("SELECT snowflake_id()", &[]).expect_err("the loaded lease is seen at once");
+    assert_eq!(sqlstate(&err), "55000", "{err:?}");
+    assert!(message(&err).contains("has leased out until"), "{}", message(&err));
+    // Without the trigger the check is not trusted at all.
+    loader.batch_execute("DROP TRIGGER changed ON pgticket.machine_id_leases").unwrap();
+    let mut fresh = c.connect();
+    let err = fresh.query_one("SELECT snowflake_id()", &[]).expect_err("a leases table without its trigger is refused");
+    assert!(message(&err).contains("lacks its trigger \"changed\""), "{}", message(&err));
+    c.stop();
+}

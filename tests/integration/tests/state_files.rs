@@ -2,7 +2,7 @@
 //! and the shard book under what PostgreSQL's own tools and a failing disk
 //! do to them.
 
-use pg_ticket_integration::{owned_dir, sqlstate, Cluster};
+use pg_ticket_integration::{owned_dir, pg_tool, sqlstate, Cluster};
 use postgres::Client;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -73,24 +73,88 @@ fn a_release_whose_book_write_failed_is_not_forgotten_at_the_next_start() {
 fn a_mark_whose_file_write_failed_stops_the_server_and_is_kept() {
     let c = Cluster::start("markwrite", 55601, &[]);
     let mut admin = c.connect();
-    let before: i64 = admin.query_one("SELECT snowflake_id()", &[]).unwrap().get(0);
+    admin.query_one("SELECT snowflake_id()", &[]).unwrap();
+    let mark_file = c.data_dir().join("pg_ticket_snowflake.mark");
+    let mark_in_file = || -> i64 { std::fs::read_to_string(&mark_file).unwrap().split(' ').next().unwrap().trim().parse().unwrap() };
+    let mark_before = mark_in_file();
     let blocker = block_writes_of(&c, "pg_ticket_snowflake.mark");
     // The mark moves ahead within seconds under load; its write fails.
     let deadline = Instant::now() + Duration::from_secs(30);
-    let mut last = before;
-    loop {
-        match admin.query_one("SELECT max(snowflake_id()) FROM generate_series(1, 100000)", &[]) {
-            Ok(row) => last = row.get(0),
-            Err(_) => break,
-        }
+    while admin.query_one("SELECT max(snowflake_id()) FROM generate_series(1, 100000)", &[]).is_ok() {
         assert!(Instant::now() < deadline, "the mark never moved ahead");
     }
     wait_stopped(&c);
     let log = std::fs::read_to_string(c.dir.join("server.log")).unwrap();
-    assert!(log.contains("PANIC") && log.contains("snowflake mark"), "the stop names the mark: {log}");
+    let panic = log.lines().find(|l| l.contains("PANIC") && l.contains("snowflake mark")).unwrap_or_else(|| panic!("the stop names the mark: {log}"));
+    // "... the new snowflake mark (<ms> Unix ms) is in WAL but ..."
+    let logged: i64 = panic.split("mark (").nth(1).and_then(|rest| rest.split(' ').next()).and_then(|n| n.parse().ok()).unwrap_or_else(|| panic!("{panic}"));
+    assert!(logged > mark_before, "the failed record is ahead of the file it could not replace");
+    assert_eq!(mark_in_file(), mark_before, "the file still holds the older mark while the server is down");
     assert!(!server_runs(&c));
     std::fs::remove_dir_all(&blocker).unwrap();
     c.up(None);
-    let next: i64 = c.connect().query_one("SELECT snowflake_id()", &[]).unwrap().get(0);
-    assert!(next > last, "after the restart {next} must be above {last}");
+    // Recovery wrote the record into the file before any ID was asked for.
+    assert!(mark_in_file() >= logged, "the mark in WAL ({logged}) is kept: the file holds {}", mark_in_file());
+    c.connect().query_one("SELECT snowflake_id()", &[]).unwrap();
+}
+
+/// #30 item 1 (SPEC §17.1): server A accepts shard 2 and issues; a base
+/// backup of A is taken; A hands shard 2 to B as the docs say; A is lost
+/// and the backup is started in its place with A's settings. 0.3.0 issued
+/// shard 2 at once beside B. The copy holds it (across its restarts too)
+/// until it is accepted again; crash restarts of a server are not held.
+#[test]
+fn an_old_base_backup_started_in_a_servers_place_holds_its_accepted_shards() {
+    let a = Cluster::start("sf-a", 55604, &["pg_ticket.shards = '2'", "pg_ticket.machine_id = 1"]);
+    let b = Cluster::start("sf-b", 55605, &["pg_ticket.shards = '2'", "pg_ticket.machine_id = 2"]);
+    let mut on_a = a.connect();
+    on_a.query_one("SELECT sharded_accept(2, 0)", &[]).unwrap();
+    let issued_by_a: i64 = on_a.query_one("SELECT max(sharded_id(2)) FROM generate_series(1, 1000)", &[]).unwrap().get(0);
+
+    let copy_dir = std::path::PathBuf::from("/tmp/pgt-sf-a-backup");
+    owned_dir(&copy_dir);
+    let data = copy_dir.join("data");
+    let port = a.port.to_string();
+    pg_tool("pg_basebackup", &["-D", data.to_str().unwrap(), "-c", "fast", "-X", "stream", "-h", a.dir.to_str().unwrap(), "-p", &port, "-U", "postgres"]);
+
+    // The handover, as docs/reference.md gives it.
+    a.reload_shards("");
+    let point: i64 = a.connect().query_one("SELECT sharded_release(2)", &[]).unwrap().get(0);
+    let mut on_b = b.connect();
+    on_b.query_one("SELECT sharded_accept(2, $1)", &[&point]).unwrap();
+    on_b.query_one("SELECT max(sharded_id(2)) FROM generate_series(1, 1000)", &[]).unwrap();
+    drop(on_a);
+    a.stop_with("immediate");
+
+    // The backup in A's place, with A's settings (and a port of its own).
+    let mut f = std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).unwrap();
+    std::io::Write::write_all(&mut f, format!("port = 55606\nunix_socket_directories = '{}'\n", copy_dir.display()).as_bytes()).unwrap();
+    let copy = Cluster::attach(&copy_dir, 55606);
+    copy.up(None);
+    let held = |c: &Cluster| {
+        let err = c.connect_when_ready().query_one("SELECT sharded_id(2)", &[]).expect_err("the copy does not issue the moved shard");
+        assert_eq!(sqlstate(&err), "55000", "{err}");
+        let text = err.as_db_error().unwrap().message().to_string();
+        assert!(text.contains("shard 2 is held") && text.contains("sharded_accept(2, 0)"), "{text}");
+    };
+    held(&copy);
+    copy.stop();
+    copy.up(None);
+    held(&copy);
+
+    // A crash restart of the shard's real owner is not held.
+    drop(on_b);
+    b.stop_with("immediate");
+    b.up(None);
+    let mut on_b = b.connect_when_ready();
+    let last_of_b: i64 = on_b.query_one("SELECT max(sharded_id(2)) FROM generate_series(1, 1000)", &[]).unwrap().get(0);
+
+    // Handed back from B, the copy issues above everything B issued.
+    b.reload_shards("");
+    let point: i64 = b.connect().query_one("SELECT sharded_release(2)", &[]).unwrap().get(0);
+    let first: i64 = copy.connect().query_one("SELECT sharded_accept(2, $1)", &[&point]).unwrap().get(0);
+    assert!(first > last_of_b && first > issued_by_a, "{first} is above B's {last_of_b} and A's {issued_by_a}");
+    copy.connect().query_one("SELECT sharded_id(2)", &[]).expect("accepted again, it issues");
+    copy.stop();
+    b.stop();
 }
