@@ -136,6 +136,35 @@ ALTER TABLE pgticket.blocks ENABLE ALWAYS TRIGGER never_emptied, ENABLE ALWAYS T
 ALTER TABLE pgticket.tickets ENABLE ALWAYS TRIGGER forward_only, ENABLE ALWAYS TRIGGER never_emptied,
     ENABLE ALWAYS TRIGGER never_truncated;
 
+-- 0.4.0: a row loaded into a mark table whose scope is already here (a
+-- pg_restore or COPY into a database that already allocated) raises the
+-- mark to the higher of the two instead of failing the whole load on the
+-- primary key and keeping every lower mark (SPEC §17.3). pg_ticket's own
+-- inserts pass untouched. ENABLE ALWAYS, so a replica-mode load meets it.
+CREATE FUNCTION pgticket.merge_loaded_row() RETURNS trigger
+    LANGUAGE c AS 'MODULE_PATHNAME', 'merge_loaded_row_wrapper';
+COMMENT ON FUNCTION pgticket.merge_loaded_row() IS
+    'Trigger: a loaded row of a scope already here raises its mark to the higher of the two (of a leased id: the later lease is kept)';
+REVOKE ALL ON FUNCTION pgticket.merge_loaded_row() FROM PUBLIC;
+CREATE TRIGGER keeps_higher BEFORE INSERT ON pgticket.scoped_counters
+    FOR EACH ROW EXECUTE FUNCTION pgticket.merge_loaded_row();
+CREATE TRIGGER keeps_higher BEFORE INSERT ON pgticket.blocks
+    FOR EACH ROW EXECUTE FUNCTION pgticket.merge_loaded_row();
+CREATE TRIGGER keeps_higher BEFORE INSERT ON pgticket.tickets
+    FOR EACH ROW EXECUTE FUNCTION pgticket.merge_loaded_row();
+ALTER TABLE pgticket.scoped_counters ENABLE ALWAYS TRIGGER keeps_higher;
+ALTER TABLE pgticket.blocks ENABLE ALWAYS TRIGGER keeps_higher;
+ALTER TABLE pgticket.tickets ENABLE ALWAYS TRIGGER keeps_higher;
+-- The registry's leases: the later lease of an id (the higher token) is kept.
+CREATE TRIGGER keeps_higher BEFORE INSERT ON pgticket.machine_id_leases
+    FOR EACH ROW EXECUTE FUNCTION pgticket.merge_loaded_row();
+ALTER TABLE pgticket.machine_id_leases ENABLE ALWAYS TRIGGER keeps_higher;
+-- The registry's identity rows, a loaded row already there is skipped (the
+-- longest ttl and margin kept).
+CREATE TRIGGER keeps_present BEFORE INSERT ON pgticket.lease_registry
+    FOR EACH ROW EXECUTE FUNCTION pgticket.merge_loaded_row();
+ALTER TABLE pgticket.lease_registry ENABLE ALWAYS TRIGGER keeps_present;
+
 -- 0.3.0: every state table has a primary key, so a FOR ALL TABLES
 -- publication does not refuse the registry's own writes (SPEC §13.10).
 ALTER TABLE pgticket.lease_registry ADD PRIMARY KEY (system_identifier, timeline, database_oid, grants_from);

@@ -12,6 +12,8 @@
 //! - `state_tables`: which relations the state tables are, who owns each,
 //!   and running statements as that owner.
 //! - `status`: the `pgticket.status` view and its shared-memory counters.
+//! - `loads`: rows loaded into the mark tables (a restore into a used
+//!   database) keep the higher mark.
 //! - `triggers`: `assign_scoped_id()` / `assign_ticket()`, per-row scopes.
 //! - `names`: `text` arguments as the database's bytes (any encoding).
 //! - `quota`: how many scopes each role may create.
@@ -26,6 +28,7 @@ mod api;
 mod counters;
 mod errors;
 mod leases;
+mod loads;
 mod names;
 mod quota;
 mod rights;

@@ -257,6 +257,11 @@ CREATE FUNCTION pgticket.rights_changed() RETURNS trigger
 CREATE TRIGGER changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgticket.rights
     FOR EACH STATEMENT EXECUTE FUNCTION pgticket.rights_changed();
 ALTER TABLE pgticket.rights ENABLE ALWAYS TRIGGER changed;
+-- 0.4.0: a loaded grant that is there already is skipped (a dump restored
+-- into the database it came from, SPEC §17.3).
+CREATE TRIGGER keeps_present BEFORE INSERT ON pgticket.rights
+    FOR EACH ROW EXECUTE FUNCTION pgticket.merge_loaded_row();
+ALTER TABLE pgticket.rights ENABLE ALWAYS TRIGGER keeps_present;
 -- A dropped role's grants stay (they show its OID) but are not dumped: in
 -- another cluster that OID may be another role's.
 SELECT pg_catalog.pg_extension_config_dump('pgticket.rights',

@@ -71,6 +71,7 @@ pub struct Preloaded {
 /// preloading), checked as PostgreSQL will parse them; None when not
 /// preloading.
 pub fn init() -> Option<Preloaded> {
+    refuse_overridden_placeholders();
     GucRegistry::define_bool_guc(
         c"pg_ticket.durable_commit",
         c"Commit transactions that took scoped IDs or blocks as synchronous_commit = on would.",
@@ -595,6 +596,11 @@ fn configured(name: &CStr) -> Result<Option<String>, String> {
 /// Where the reset value of the setting `name` came from (None: no such
 /// setting).
 fn reset_source(name: &CStr) -> Option<pg_sys::GucSource::Type> {
+    find_setting(name).map(|v| unsafe { (*v).reset_source })
+}
+
+/// The setting (or placeholder) `name`, if this backend has one.
+fn find_setting(name: &CStr) -> Option<*mut pg_sys::config_generic> {
     unsafe {
         #[cfg(feature = "pg15")]
         let found = {
@@ -605,7 +611,73 @@ fn reset_source(name: &CStr) -> Option<pg_sys::GucSource::Type> {
         };
         #[cfg(not(feature = "pg15"))]
         let found = Some(pg_sys::find_option(name.as_ptr(), false, true, pgrx::PgLogLevel::ERROR as i32)).filter(|v| !v.is_null());
-        found.map(|v| (*v).reset_source)
+        found
+    }
+}
+
+/// Whether PostgreSQL will refuse a placeholder's value set in `set_in` by
+/// `set_by` once the setting is defined in `context` (set_config_option's
+/// rule): a reload-only setting takes nothing from a session; a
+/// superuser-only one nothing from an ordinary role's session without
+/// `GRANT SET ON PARAMETER`.
+fn refused_when_defined(name: &CStr, context: pg_sys::GucContext::Type, set_in: pg_sys::GucContext::Type, set_by: pg_sys::Oid) -> bool {
+    use pg_sys::GucContext::*;
+    match context {
+        PGC_SUSET => {
+            (set_in == PGC_USERSET || set_in == PGC_BACKEND)
+                && !(unsafe { pg_sys::IsTransactionState() }
+                    && unsafe { pg_sys::pg_parameter_aclcheck(name.as_ptr(), set_by, pg_sys::ACL_SET as pg_sys::AclMode) }
+                        == pg_sys::AclResult::ACLCHECK_OK)
+        }
+        _ => set_in > context,
+    }
+}
+
+/// The settings a role must not be able to weaken, defined when the library
+/// loads on demand too, with the context each is defined in.
+const GUARDED_ON_DEMAND: [(&CStr, pg_sys::GucContext::Type); 7] = [
+    (c"pg_ticket.scope_rights", pg_sys::GucContext::PGC_SUSET),
+    (c"pg_ticket.max_scopes_per_role", pg_sys::GucContext::PGC_SUSET),
+    (c"pg_ticket.max_block_size", pg_sys::GucContext::PGC_SUSET),
+    (c"pg_ticket.max_transaction_entries", pg_sys::GucContext::PGC_SUSET),
+    (c"pg_ticket.lease_ids", pg_sys::GucContext::PGC_SIGHUP),
+    (c"pg_ticket.lease_max_ttl", pg_sys::GucContext::PGC_SIGHUP),
+    (c"pg_ticket.lease_margin", pg_sys::GucContext::PGC_SIGHUP),
+];
+
+/// SPEC §13.6: a setting a role may not set keeps the server's value,
+/// whatever a connection passes. Where the library loads on demand (not
+/// preloaded), its settings are placeholders until then, and a
+/// placeholder takes any role's value — a connection's options
+/// (`PGOPTIONS='-c pg_ticket.scope_rights=off'`), or `ALTER ROLE ... SET
+/// ... USER SET`. When the setting is then defined, PostgreSQL refuses
+/// that value (a WARNING) and leaves the built-in default, not the
+/// configuration's: `scope_rights` off, `max_scopes_per_role` a million.
+/// So such a load is refused here, before anything is defined (every later
+/// call in the session fails the same way): the role's session runs no
+/// pg_ticket code rather than the defaults. A value the server's
+/// configuration gave (files, ALTER SYSTEM, the command line), or one a
+/// superuser set, is applied as PostgreSQL applies it. Preloaded, the
+/// settings exist before any connection, and PostgreSQL refuses such an
+/// option itself.
+fn refuse_overridden_placeholders() {
+    if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        return;
+    }
+    for (name, context) in GUARDED_ON_DEMAND {
+        let Some(setting) = find_setting(name) else { continue };
+        let (source, set_in, set_by) = unsafe { ((*setting).reset_source, (*setting).reset_scontext, (*setting).reset_srole) };
+        // Above the command line: ALTER DATABASE / ROLE, the connection.
+        if source > pg_sys::GucSource::PGC_S_ARGV && refused_when_defined(name, context, set_in, set_by) {
+            let message = format!(
+                "{} is set for this session by a role that may not set it (the connection's options, or ALTER ROLE / ALTER DATABASE ... SET), before pg_ticket was loaded",
+                name.to_string_lossy()
+            );
+            pgrx::pg_sys::panic::ErrorReport::new(PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE, message, "pg_ticket")
+                .set_detail("PostgreSQL would replace the server's configured value with the built-in default, so pg_ticket does not run in this session.")
+                .set_hint("Connect without that option (PGOPTIONS, options=-c), or have it removed (ALTER ROLE / DATABASE ... RESET). With pg_ticket in shared_preload_libraries such an option is refused at connection.")
+                .report(pgrx::PgLogLevel::ERROR);
+        }
     }
 }
 

@@ -47,6 +47,9 @@ pub struct Tables {
 }
 
 thread_local! {
+    /// How many of our own statements on the state tables run now (as an
+    /// owner, `as_owner_of`): a row trigger tells our writes from a load's.
+    static OWN_STATEMENTS: Cell<u32> = const { Cell::new(0) };
     static CACHE: Cell<Option<Tables>> = const { Cell::new(None) };
     static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
     /// Counts the cache's invalidations: what was checked against the
@@ -110,7 +113,7 @@ pub fn lookup() -> Option<Tables> {
                     c.relpersistence::pg_catalog.text, c.relnamespace::pg_catalog.regnamespace::pg_catalog.text, \
                     (SELECT pg_catalog.string_agg(t.tgname::pg_catalog.text, ', ') FROM pg_catalog.pg_trigger t \
                       WHERE t.tgrelid OPERATOR(pg_catalog.=) c.oid AND t.tgenabled OPERATOR(pg_catalog.<>) 'A' \
-                        AND t.tgname OPERATOR(pg_catalog.=) ANY ('{never_emptied,never_truncated,forward_only,changed}')) \
+                        AND t.tgname OPERATOR(pg_catalog.=) ANY ('{never_emptied,never_truncated,forward_only,changed,keeps_higher,keeps_present}')) \
                FROM pg_catalog.pg_extension e \
                JOIN pg_catalog.pg_depend d ON d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass \
                     AND d.refobjid OPERATOR(pg_catalog.=) e.oid AND d.deptype OPERATOR(pg_catalog.=) 'e' \
@@ -271,6 +274,12 @@ pub fn for_each_committed_row(table: pg_sys::Oid, mut row: impl FnMut(*mut pg_sy
     }
 }
 
+/// True while pg_ticket's own statements on the state tables run (in this
+/// backend): what they write is not a load from outside.
+pub fn in_own_statement() -> bool {
+    OWN_STATEMENTS.get() > 0
+}
+
 /// Runs `f` as the owner of `table`, restricted, for table access on behalf
 /// of a caller without rights on it (or of a background worker).
 pub fn as_owner_of<R>(table: Table, f: impl FnOnce() -> R) -> R {
@@ -302,6 +311,7 @@ impl AsUser {
                 saved_context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32 | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,
             );
         }
+        OWN_STATEMENTS.set(OWN_STATEMENTS.get() + 1);
         AsUser { saved_user, saved_context, guc_nest_level }
     }
 }
@@ -316,5 +326,6 @@ impl Drop for AsUser {
             }
             pg_sys::SetUserIdAndSecContext(self.saved_user, self.saved_context);
         }
+        OWN_STATEMENTS.set(OWN_STATEMENTS.get() - 1);
     }
 }

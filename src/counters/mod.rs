@@ -15,3 +15,4 @@ mod allocator;
 mod store;
 
 pub use allocator::{advance, current, limit, retire, take, Kind};
+pub use store::merge_loaded;

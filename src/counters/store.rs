@@ -213,3 +213,17 @@ pub fn write(kind: Kind, a: Name<'_>, b: Name<'_>, row: Mark) {
         );
     }
 }
+
+/// SPEC §17.3: a row of `(a, b)` loaded from outside (a restore into a used
+/// database) meets the row here: the mark becomes the higher of the two.
+/// False if there is no row (the load inserts it).
+pub fn merge_loaded(kind: Kind, a: Name<'_>, b: Name<'_>, mark: i64) -> bool {
+    let (table, keys) = table(kind);
+    let key_cond = keys.iter().enumerate().map(|(i, col)| format!("{col} OPERATOR(pg_catalog.=) ${}", i + 1)).collect::<Vec<_>>().join(" AND ");
+    let sql = format!("UPDATE {table} SET mark = GREATEST(mark, ${}) WHERE {key_cond} RETURNING mark", keys.len() + 1);
+    let tables = state_tables::current();
+    as_owner_of(kind.table(&tables), || {
+        Spi::connect_mut(|client| client.update(sql.as_str(), Some(1), &args(a, b, kind, &[mark])).map(|rows| !rows.is_empty()))
+    })
+    .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot merge a loaded row into {table}: {e}"))
+}

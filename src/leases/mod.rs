@@ -12,7 +12,7 @@
 //! `pgticket.lease_registry` and `pgticket.lease_tokens`.
 
 mod registry;
-pub use registry::check_own_id_unleased;
+pub use registry::{check_own_id_unleased, merge_loaded};
 
 use pgrx::datum::Interval;
 use pgrx::prelude::*;

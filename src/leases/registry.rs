@@ -600,3 +600,40 @@ fn machine_id_leases_changed<'a>(trigger: &'a pgrx::PgTrigger<'a>) -> Result<Opt
     }
     Ok(None)
 }
+
+/// SPEC §17.3: a lease row loaded from outside (a restore into a registry
+/// that already granted) meets the row of its id here: the later lease
+/// (the higher fencing token) is kept — the loaded row replaces this one
+/// only where a new lease may (`forward_only` refuses the load otherwise,
+/// as it refuses a rewind). False if the id has no row (the load inserts
+/// it).
+pub fn merge_loaded(row: pg_sys::Datum, row_type: pg_sys::Oid) -> bool {
+    // The loaded row as one composite argument.
+    let loaded = || unsafe { DatumWithOid::new(row, row_type) };
+    crate::state_tables::as_owner_of(crate::state_tables::machine_id_leases(), || {
+        Spi::connect_mut(|client| {
+            let here = client.update(
+                "SELECT t.lease, r.lease FROM pgticket.machine_id_leases t, (SELECT ($1::pgticket.machine_id_leases).*) r \
+                  WHERE t.machine_id OPERATOR(pg_catalog.=) r.machine_id FOR UPDATE OF t",
+                None,
+                &[loaded()],
+            )?;
+            let Some((ours, theirs)) = here.into_iter().next().map(|r| (r.get::<i64>(1), r.get::<i64>(2))) else {
+                return Ok(false);
+            };
+            if theirs?.unwrap_or(i64::MIN) > ours?.unwrap_or(i64::MAX) {
+                client.update(
+                    "UPDATE pgticket.machine_id_leases t SET holder = r.holder, lease = r.lease, leased_at = r.leased_at, \
+                            expires_at = r.expires_at, ended_at = r.ended_at, revoked = r.revoked, \
+                            last_issued_ms = r.last_issued_ms, not_before_ms = r.not_before_ms, \
+                            secret_hash = r.secret_hash, margin_ms = r.margin_ms \
+                       FROM (SELECT ($1::pgticket.machine_id_leases).*) r WHERE t.machine_id OPERATOR(pg_catalog.=) r.machine_id",
+                    None,
+                    &[loaded()],
+                )?;
+            }
+            Ok::<_, SpiError>(true)
+        })
+    })
+    .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot merge a loaded lease into pgticket.machine_id_leases: {e}"))
+}

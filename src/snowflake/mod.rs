@@ -10,6 +10,8 @@
 //! - `space`: the ID space (epoch, layout) recorded with a database.
 //! - `shards`: `sharded_id()`, per-shard states on this generator's clock
 //!   and mark.
+//! - `history`: which servers' IDs the mark stands for; a database whose
+//!   IDs it does not cover is refused (`pg_upgrade`, restores: SPEC §17.1).
 //!
 //! Shared memory: one `SharedState` of atomics, no LWLock. Every wait (a
 //! full millisecond, a clock step back of up to 10 ms, another backend's
@@ -24,6 +26,7 @@ use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 use std::time::{SystemTime, UNIX_EPOCH};
 use ticket_core::snowflake::{self as layout, Clock, SharedState};
 
+mod history;
 mod lease;
 mod shards;
 mod space;
@@ -77,11 +80,13 @@ pub fn refuse_another_id_space() {
 /// meet). A mark loaded or written since start records the space already
 /// (one of another space is refused on load), so only the first grant of
 /// a server that never had a mark writes it.
+/// Not where the database's space was recorded before this transaction:
+/// that mark was lost (`history`), and one written now would hide it.
 pub fn record_space_in_mark() -> Result<(), TicketError> {
     let generator = &GENERATOR.get().0;
     let epoch = settings::epoch_unix_ms();
     layout::load_mark(generator, &SystemClock, &wal::WalMarkStore, epoch)?;
-    if generator.activity().reserved_until_millis.is_none() {
+    if !layout::has_mark(generator) && space::recorded_in_this_transaction() {
         let now_ms = u64::try_from(now_unix_ms() - epoch).unwrap_or(0);
         layout::cover(generator, &SystemClock, &wal::WalMarkStore, epoch, now_ms)?;
     }
@@ -200,6 +205,7 @@ pub fn next_id() -> i64 {
     }
     crate::xact::check_writable().or_raise();
     space::check_database().or_raise();
+    history::check().or_raise();
     match settings::machine_id() {
         MachineId::Fixed(id) => {
             crate::leases::check_own_id_unleased(id).or_raise();

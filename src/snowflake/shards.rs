@@ -62,6 +62,7 @@ fn sharded_id(shard: Option<i32>) -> i64 {
     postgres_errors_as_raised(|| {
         let shard = shard_arg(shard, "sharded_id");
         super::space::check_database().or_raise();
+        super::history::check().or_raise();
         server().next_id(shard, settings::owns_shard(shard)).or_raise()
     })
 }
@@ -90,8 +91,10 @@ fn sharded_release(shard: Option<i32>) -> i64 {
 fn sharded_accept(shard: Option<i32>, handover_id: Option<i64>) -> i64 {
     postgres_errors_as_raised(|| {
         let shard = shard_arg(shard, "sharded_accept");
-        // It issues the shard's first ID: in this database's ID space only.
+        // It issues the shard's first ID: in this database's ID space only,
+        // and above the lost mark of a server that lost it.
         super::space::check_database().or_raise();
+        super::history::check().or_raise();
         let handover_id = required("handover_id", handover_id);
         let point = layout::decompose(handover_id).or_raise();
         if handover_id != 0 && point.shard != shard {

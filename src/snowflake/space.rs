@@ -25,6 +25,17 @@ thread_local! {
     /// The state-table generation at which this database's space was found
     /// to be this server's.
     static CHECKED: Cell<Option<u64>> = const { Cell::new(None) };
+    /// The transaction (or subtransaction) that recorded this database's
+    /// space in this backend, if one did.
+    static RECORDED_BY: Cell<pg_sys::TransactionId> = const { Cell::new(pg_sys::InvalidTransactionId) };
+}
+
+/// Whether this database's space was recorded by the current transaction
+/// (its first use is under way here): what the server stamps then is the
+/// first of the space, not one that a mark should have covered.
+pub fn recorded_in_this_transaction() -> bool {
+    let xid = RECORDED_BY.get();
+    xid != pg_sys::InvalidTransactionId && unsafe { pg_sys::TransactionIdIsCurrentTransactionId(xid) }
 }
 
 /// This server's snowflake ID space: its epoch (Unix ms) and machine bits
@@ -56,8 +67,11 @@ CREATE TABLE pgticket.id_space (
     epoch_ms bigint NOT NULL,
     machine_bits integer NOT NULL,
     recorded_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    PRIMARY KEY (epoch_ms, machine_bits, recorded_at)
+    PRIMARY KEY (epoch_ms, machine_bits, recorded_at),
+    system_identifier bigint
 );
+COMMENT ON COLUMN pgticket.id_space.system_identifier IS
+    'The server (PostgreSQL system identifier) that recorded the space at its first use here (NULL: before 0.4.0)';
 COMMENT ON TABLE pgticket.id_space IS
     'The snowflake ID space (epoch, machine bits) of the IDs made for this database, recorded at the first use; a server set for another refuses snowflake_id() and leases here';
 CREATE FUNCTION pgticket.id_space_changed() RETURNS trigger
@@ -65,6 +79,11 @@ CREATE FUNCTION pgticket.id_space_changed() RETURNS trigger
 CREATE TRIGGER changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgticket.id_space
     FOR EACH STATEMENT EXECUTE FUNCTION pgticket.id_space_changed();
 ALTER TABLE pgticket.id_space ENABLE ALWAYS TRIGGER changed;
+-- 0.4.0: a loaded row that is there already is skipped (a dump restored
+-- into the database it came from, SPEC §17.3).
+CREATE TRIGGER keeps_present BEFORE INSERT ON pgticket.id_space
+    FOR EACH ROW EXECUTE FUNCTION pgticket.merge_loaded_row();
+ALTER TABLE pgticket.id_space ENABLE ALWAYS TRIGGER keeps_present;
 SELECT pg_catalog.pg_extension_config_dump('pgticket.id_space', '');
 REVOKE ALL ON pgticket.id_space FROM PUBLIC;
 REVOKE ALL ON FUNCTION pgticket.id_space_changed() FROM PUBLIC;
@@ -135,11 +154,23 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
                         "pgticket.id_space is empty while leases of this registry are not yet free: it was emptied under them; restore its row (the space those holders stamp in), or wait until their ids are free".into(),
                     )));
                 }
-                client.update(
-                    "INSERT INTO pgticket.id_space (epoch_ms, machine_bits) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-                    None,
-                    &[mine.epoch_unix_ms.into(), (mine.machine_bits as i32).into()],
-                )?;
+                // Which server made this database's first snowflakes
+                // (SPEC §17.1, `history`): a column of 0.4.0.
+                let (epoch_ms, machine_bits) = (mine.epoch_unix_ms, mine.machine_bits as i32);
+                if has_system_identifier(client)? {
+                    client.update(
+                        "INSERT INTO pgticket.id_space (epoch_ms, machine_bits, system_identifier) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                        None,
+                        &[epoch_ms.into(), machine_bits.into(), (this_system() as i64).into()],
+                    )?;
+                } else {
+                    client.update(
+                        "INSERT INTO pgticket.id_space (epoch_ms, machine_bits) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                        None,
+                        &[epoch_ms.into(), machine_bits.into()],
+                    )?;
+                }
+                RECORDED_BY.set(unsafe { pg_sys::GetCurrentTransactionIdIfAny() });
                 spaces.push(mine);
             }
             Ok::<_, pgrx::spi::Error>(Ok(spaces))
@@ -156,6 +187,47 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
             Err(TicketError::Snowflake(SnowflakeError::OtherIdSpace { location: "this database (pgticket.id_space, carried by its dump)".into(), recorded, configured }))
         }
     }
+}
+
+/// This server's PostgreSQL system identifier (a new one after
+/// `pg_upgrade`; a base backup and its standbys share it).
+pub fn this_system() -> u64 {
+    unsafe { pg_sys::GetSystemIdentifier() }
+}
+
+/// Whether this database's `pgticket.id_space` has 0.4.0's column.
+fn has_system_identifier(client: &pgrx::spi::SpiClient<'_>) -> Result<bool, pgrx::spi::Error> {
+    Ok(client
+        .select(
+            "SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute WHERE attrelid OPERATOR(pg_catalog.=) 'pgticket.id_space'::pg_catalog.regclass \
+               AND attname OPERATOR(pg_catalog.=) 'system_identifier' AND NOT attisdropped)",
+            None,
+            &[],
+        )?
+        .first()
+        .get_one::<bool>()?
+        .unwrap_or(false))
+}
+
+/// The servers that recorded this database's space (SPEC §17.1): the
+/// servers whose snowflakes were made for it, as far as it knows (rows of
+/// 0.3.0 name none; a restore into a used database brings the dump's).
+pub fn recorded_systems() -> Vec<u64> {
+    let Some(table) = state_tables::lookup().and_then(|t| t.id_space) else {
+        return Vec::new();
+    };
+    state_tables::as_owner_of(table, || {
+        Spi::connect(|client| {
+            if !has_system_identifier(&client)? {
+                return Ok(Vec::new());
+            }
+            client
+                .select("SELECT DISTINCT system_identifier FROM pgticket.id_space WHERE system_identifier IS NOT NULL", None, &[])?
+                .map(|row| row.get::<i64>(1).map(|v| v.unwrap_or_default() as u64))
+                .collect::<Result<Vec<_>, _>>()
+        })
+    })
+    .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot read pgticket.id_space: {e}"))
 }
 
 /// The spaces in `pgticket.id_space` as committed now (a self snapshot: it

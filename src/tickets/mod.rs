@@ -418,6 +418,42 @@ fn advance_ticket(queue: Option<Name<'_>>, domain: Option<Name<'_>>, mark: Optio
     })
 }
 
+/// SPEC §17.3: a row of `(queue, domain)` loaded from outside (a restore
+/// into a used database) meets the row here: the mark becomes the highest
+/// of the two and of what the cache reserved, and the cached values are
+/// dropped as `advance_ticket` drops them (they are below the loaded mark,
+/// which the dump's database may have handed out). False if there is no
+/// row (the load inserts it).
+pub fn merge_loaded(queue: Name<'_>, domain: Name<'_>, mark: i64) -> bool {
+    let mut key = Vec::new();
+    encode(&mut key, queue, domain);
+    let scope = settings::preloaded().then(|| scope_id(&key));
+    let reserved = scope.as_ref().map_or(0, |scope| {
+        shmem::slots().iter().fold(0, |most, slot| {
+            let g = slot.lock();
+            if g.matches(scope) { most.max(g.reserved_to) } else { most }
+        })
+    });
+    let merged = state_tables::as_owner_of(state_tables::tickets(), || {
+        Spi::connect_mut(|client| {
+            client
+                .update(
+                    "UPDATE pgticket.tickets SET mark = GREATEST(mark, $3, $4) \
+                      WHERE queue OPERATOR(pg_catalog.=) $1 AND domain OPERATOR(pg_catalog.=) $2 RETURNING mark",
+                    Some(1),
+                    &[queue.to_datum(), domain.to_datum(), mark.into(), reserved.into()],
+                )
+                .map(|rows| !rows.is_empty())
+        })
+    })
+    .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot merge a loaded row into pgticket.tickets: {e}"));
+    if let (true, Some(scope)) = (merged, scope) {
+        remember_advanced(scope.hash);
+        shmem::empty_slots(|g| g.matches(&scope));
+    }
+    merged
+}
+
 /// The scopes of this database cached in shared memory.
 #[pg_extern(volatile, parallel_safe)]
 fn ticket_cache() -> TableIterator<

@@ -189,6 +189,123 @@ fn marks(client: &mut Client) -> Vec<(String, String, i64)> {
         .collect()
 }
 
+/// #30 item 3 (SPEC §17.3): a dump restored into a database that already
+/// allocated from some of its scopes. 0.3.0's COPY of each state table
+/// failed on the primary key and every mark stayed the target's (2, 1 and a
+/// ticket below 50 came next); now each scope keeps the higher mark of the
+/// two, the restore runs without an error, and the target's cached tickets
+/// (below the dump's mark) are dropped.
+#[test]
+fn a_restore_into_a_database_that_already_allocated_keeps_the_higher_mark_of_each_scope() {
+    let c = Cluster::start("dump-used", 55447, &[]);
+    let mut admin = c.connect();
+    for name in ["src", "used"] {
+        admin.batch_execute(&format!("CREATE DATABASE {name}")).unwrap();
+    }
+    let db = |name: &str| c.connect_as("postgres", name);
+    let mut src = db("src");
+    src.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
+    src.batch_execute(
+        "SELECT next_scoped_id('inv', 'shop-1') FROM generate_series(1, 50);
+         SELECT next_scoped_id('other', 'x') FROM generate_series(1, 7);
+         SELECT next_scoped_id('low', 'x') FROM generate_series(1, 3);
+         SELECT reserve_block('workers', 30);
+         SELECT next_ticket('res', 'vm') FROM generate_series(1, 50);",
+    )
+    .unwrap();
+    let mut used = db("used");
+    used.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
+    used.batch_execute(
+        "SELECT next_scoped_id('inv', 'shop-1');
+         SELECT next_scoped_id('low', 'x') FROM generate_series(1, 10);
+         SELECT reserve_block('workers', 5);",
+    )
+    .unwrap();
+    let cached: i64 = used.query_one("SELECT next_ticket('res', 'vm')", &[]).unwrap().get(0);
+    assert_eq!(cached, 1, "the target's cache holds the scope's first segment");
+
+    let dump = c.dir.join("src.dump");
+    let port = c.port.to_string();
+    let host = c.dir.to_str().unwrap().to_string();
+    let conn = ["-h", host.as_str(), "-p", port.as_str(), "-U", "postgres"];
+    pg_tool("pg_dump", &[&conn[..], &["-Fc", "-f", dump.to_str().unwrap(), "src"]].concat());
+    // pg_tool asserts the restore ran without an error.
+    pg_tool("pg_restore", &[&conn[..], &["-d", "used", dump.to_str().unwrap()]].concat());
+
+    let next = |d: &mut Client, q: &str| -> i64 { d.query_one(&format!("SELECT next_scoped_id('{q}', 'x')"), &[]).unwrap().get(0) };
+    assert_eq!(used.query_one("SELECT next_scoped_id('inv', 'shop-1')", &[]).unwrap().get::<_, i64>(0), 51, "the dump's mark is higher");
+    assert_eq!(next(&mut used, "other"), 8, "a scope only the dump had");
+    assert_eq!(next(&mut used, "low"), 11, "the target's mark is higher");
+    assert_eq!(used.query_one("SELECT first_id FROM reserve_block('workers', 1)", &[]).unwrap().get::<_, i64>(0), 31);
+    let tickets: Vec<i64> = used.query("SELECT next_ticket('res', 'vm') FROM generate_series(1, 20)", &[]).unwrap().iter().map(|r| r.get(0)).collect();
+    assert!(tickets.iter().all(|t| *t > 50), "no ticket at or below the dump's mark: {tickets:?}");
+    c.stop();
+}
+
+/// docs/operations.md's way to keep the marks across DROP and CREATE
+/// EXTENSION (#32 item 1): a data-only dump of the extension, loaded into
+/// the new one, continues every scope. The docs said `pg_dump -a -n
+/// pgticket`, which dumps no rows (an extension's tables come only with
+/// the extension): invoices 1..3 existed and the next one was 1.
+#[test]
+fn marks_dumped_before_drop_extension_load_into_the_new_one() {
+    let c = Cluster::start("dropkeep", 55608, &[]);
+    let mut db = c.connect();
+    db.batch_execute(
+        "SELECT next_scoped_id('inv', 'shop-1') FROM generate_series(1, 3);
+         SELECT reserve_block('workers', 30);
+         SELECT next_ticket('res', 'vm') FROM generate_series(1, 5);",
+    )
+    .unwrap();
+    let marks_sql = c.dir.join("marks.sql");
+    let port = c.port.to_string();
+    let host = c.dir.to_str().unwrap().to_string();
+    let conn = ["-h", host.as_str(), "-p", port.as_str(), "-U", "postgres"];
+    pg_tool("pg_dump", &[&conn[..], &["-a", "-e", "pg_ticket", "-f", marks_sql.to_str().unwrap(), "postgres"]].concat());
+    db.batch_execute("DROP EXTENSION pg_ticket CASCADE; CREATE EXTENSION pg_ticket").unwrap();
+    pg_tool("psql", &[&conn[..], &["-v", "ON_ERROR_STOP=1", "-q", "-d", "postgres", "-f", marks_sql.to_str().unwrap()]].concat());
+    let mut db = c.connect();
+    assert_eq!(db.query_one("SELECT next_scoped_id('inv', 'shop-1')", &[]).unwrap().get::<_, i64>(0), 4);
+    assert_eq!(db.query_one("SELECT first_id FROM reserve_block('workers', 1)", &[]).unwrap().get::<_, i64>(0), 31);
+    let ticket: i64 = db.query_one("SELECT next_ticket('res', 'vm')", &[]).unwrap().get(0);
+    assert!(ticket > 5, "a ticket after the reload ({ticket}) above the five before");
+    c.stop();
+}
+
+/// SPEC §17.3 for the registry: an older dump of a registry restored into
+/// it keeps the later state of every lease. 0.3.0's COPY of the leases
+/// failed on the primary key (the restore ended in an error, and a lease
+/// row only the dump had was lost with the rest of the table).
+#[test]
+fn an_older_dump_restored_into_a_registry_keeps_the_later_leases() {
+    let c = Cluster::start("regkeep", 55609, &["pg_ticket.lease_margin = '1s'"]);
+    let mut db = c.connect();
+    let lease = |db: &mut Client, holder: &str| -> (i32, i64, String) {
+        let r = db.query_one("SELECT machine_id, lease, secret FROM lease_machine_id($1, '60s')", &[&holder]).unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    };
+    let (first, first_token, first_secret) = lease(&mut db, "h1");
+    let dump = c.dir.join("reg.dump");
+    let port = c.port.to_string();
+    let host = c.dir.to_str().unwrap().to_string();
+    let conn = ["-h", host.as_str(), "-p", port.as_str(), "-U", "postgres"];
+    pg_tool("pg_dump", &[&conn[..], &["-Fc", "-f", dump.to_str().unwrap(), "postgres"]].concat());
+    // After the dump: h1 releases, h2 leases (a later token).
+    db.execute("SELECT release_machine_id($1, $2, $3)", &[&first, &first_token, &first_secret]).unwrap();
+    let (second, second_token, _) = lease(&mut db, "h2");
+    pg_tool("pg_restore", &[&conn[..], &["-d", "postgres", dump.to_str().unwrap()]].concat());
+    let rows: Vec<(i32, i64, String, bool)> = db
+        .query("SELECT machine_id, lease, holder, ended_at IS NOT NULL FROM pgticket.machine_id_leases ORDER BY machine_id", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    assert!(rows.contains(&(first, first_token, "h1".into(), true)), "h1's lease stays released: {rows:?}");
+    assert!(rows.contains(&(second, second_token, "h2".into(), false)), "h2's later lease stays: {rows:?}");
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    c.stop();
+}
+
 #[test]
 fn dump_and_restore_continue_every_mark() {
     let c = Cluster::start("dump", 55445, &[]);
