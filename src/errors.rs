@@ -141,7 +141,7 @@ impl TicketError {
             ),
             TicketError::ReadOnly { standby: true } => Some("This server is a hot standby; allocate on the primary."),
             TicketError::Snowflake(SnowflakeError::ClockBehind { .. }) => {
-                Some("Fix the system clock (NTP); pg_ticket never reuses a timestamp it has issued.")
+                Some("Fix the system clock (NTP); pg_ticket never reuses a timestamp it has issued. With a leased machine id (pg_ticket.machine_id = -1) the floor may be the lease's not_before_ms (the server log's \"stamping above\"): the id's earlier holders' reported stamps and their leases' end plus pg_ticket.lease_margin.")
             }
             TicketError::Snowflake(SnowflakeError::DamagedMark { .. }) => Some(
                 "Stop the server, and replace the file with one line: a Unix time in milliseconds past every snowflake this server issued, then its space as snowflake_id_space() reports it, e.g. '1767225700000 epoch_ms=1767225600000 machine_bits=10' (a number alone is read as 0.2.0's 10 machine bits).",

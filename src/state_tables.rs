@@ -256,10 +256,16 @@ unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid:
 /// snapshot was taken, and no SERIALIZABLE predicate lock), with its tuple
 /// descriptor. No SPI, so no caller's setting or the owner's rules take
 /// part. Interrupts are checked between rows.
-pub fn for_each_committed_row(table: pg_sys::Oid, mut row: impl FnMut(*mut pg_sys::HeapTupleData, pg_sys::TupleDesc)) {
+pub fn for_each_committed_row(table: pg_sys::Oid, row: impl FnMut(*mut pg_sys::HeapTupleData, pg_sys::TupleDesc)) {
+    for_each_row_seen(table, pg_sys::SnapshotType::SNAPSHOT_SELF, row)
+}
+
+/// Each row of `table` as a snapshot of type `seen_by` sees it (SELF: as
+/// committed now; DIRTY: also rows of transactions in progress).
+pub fn for_each_row_seen(table: pg_sys::Oid, seen_by: pg_sys::SnapshotType::Type, mut row: impl FnMut(*mut pg_sys::HeapTupleData, pg_sys::TupleDesc)) {
     unsafe {
         let rel = pg_sys::table_open(table, pg_sys::AccessShareLock as pg_sys::LOCKMODE);
-        let mut committed_now = pg_sys::SnapshotData { snapshot_type: pg_sys::SnapshotType::SNAPSHOT_SELF, ..Default::default() };
+        let mut committed_now = pg_sys::SnapshotData { snapshot_type: seen_by, ..Default::default() };
         let scan = pg_sys::systable_beginscan(rel, pg_sys::InvalidOid, false, &mut committed_now, 0, std::ptr::null_mut());
         loop {
             pgrx::check_for_interrupts!();

@@ -196,8 +196,19 @@ fn serving(client: &mut SpiClient<'_>, me: Identity) -> Result<Serving, SpiError
 /// forgotten (Unix microseconds: more than the grants any registry can
 /// have made since an earlier such move). The leases it knows stay as they
 /// are: their holders renew them.
+///
+/// Never waited for (SPEC §13.11): the lock is held to the caller's commit,
+/// and a grant left open in a transaction would stop every other one. A
+/// grant that finds another settling moves the tokens itself (that is what
+/// its own token needs) and leaves the identity row to the other; if that
+/// one rolls back, a later grant settles.
 fn settle(client: &mut SpiClient<'_>, me: Identity, serving: &Serving) -> Result<(), SpiError> {
-    client.update("LOCK TABLE pgticket.lease_registry IN EXCLUSIVE MODE", None, &[])?;
+    let identity_table: pg_sys::Oid =
+        client.select("SELECT 'pgticket.lease_registry'::pg_catalog.regclass::pg_catalog.oid", None, &[])?.first().get_one()?.unwrap_or_default();
+    let locked = unsafe { pg_sys::ConditionalLockRelationOid(identity_table, pg_sys::ExclusiveLock as pg_sys::LOCKMODE) };
+    if !locked {
+        return move_tokens_past_the_clock(client);
+    }
     if serving_again(client, me)? {
         return Ok(());
     }
@@ -216,6 +227,14 @@ fn settle(client: &mut SpiClient<'_>, me: Identity, serving: &Serving) -> Result
             serving.margin_ms.into(),
         ],
     )?;
+    move_tokens_past_the_clock(client)
+}
+
+/// The tokens past any this registry may have forgotten: Unix microseconds
+/// (more than the grants any registry can have made since an earlier such
+/// move), and past every token in the table. `setval` is not transactional
+/// and waits for no transaction.
+fn move_tokens_past_the_clock(client: &mut SpiClient<'_>) -> Result<(), SpiError> {
     client.update(
         "SELECT pg_catalog.setval('pgticket.lease_tokens'::pg_catalog.regclass, \
                 GREATEST(last_value, $1, (SELECT max(lease) FROM pgticket.machine_id_leases))) FROM pgticket.lease_tokens",
@@ -262,6 +281,19 @@ fn leases_of(table: SpiTupleTable<'_>, secret_match: bool) -> Result<Vec<(Curren
         out.push((current, last, secret));
     }
     Ok(out)
+}
+
+/// The advisory lock class of a never-leased id's first grant ('pgti').
+const NEVER_LEASED_LOCK_CLASS: i32 = 0x7067_7469;
+
+/// This transaction's lock of the first grant of never-leased `id` (held to
+/// its end), if no other transaction holds it.
+fn try_lock_never_leased(client: &mut SpiClient<'_>, id: u16) -> Result<bool, SpiError> {
+    Ok(client
+        .select("SELECT pg_catalog.pg_try_advisory_xact_lock($1, $2)", None, &[NEVER_LEASED_LOCK_CLASS.into(), i32::from(id).into()])?
+        .first()
+        .get_one::<bool>()?
+        .unwrap_or(false))
 }
 
 /// The hash a lease's secret is kept as: the table never holds a secret.
@@ -331,9 +363,13 @@ fn with_registry<R>(f: impl FnOnce(&mut SpiClient<'_>) -> Result<Result<R, Ticke
 /// Raise the longest ttl and margin recorded to the settings now, so that a
 /// dump carries them (a restore onto a server with smaller settings still
 /// holds off long enough for the leases they allowed).
+/// Rows another call is recording in (a transaction left open) are skipped,
+/// not waited for: that call records the same settings, and if it rolls
+/// back, a later call records them.
 fn record_settings(client: &mut SpiClient<'_>) -> Result<(), SpiError> {
     client.update(
-        "UPDATE pgticket.lease_registry SET max_ttl_ms = GREATEST(max_ttl_ms, $1), margin_ms = GREATEST(margin_ms, $2)",
+        "UPDATE pgticket.lease_registry r SET max_ttl_ms = GREATEST(r.max_ttl_ms, $1), margin_ms = GREATEST(r.margin_ms, $2) \
+           FROM (SELECT ctid FROM pgticket.lease_registry FOR UPDATE SKIP LOCKED) free WHERE r.ctid OPERATOR(pg_catalog.=) free.ctid",
         None,
         &[settings::lease_max_ttl_ms().into(), settings::lease_margin_ms().into()],
     )?;
@@ -404,7 +440,12 @@ pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
                 (granted, leased_at_ms, not_before_ms)
             } else {
                 // Never leased here: only a holder this registry may have
-                // forgotten can have stamped with it.
+                // forgotten can have stamped with it. Another grant of it
+                // in a transaction left open holds this id's lock: skipped,
+                // not waited for (the insert would wait on its row).
+                if !try_lock_never_leased(client, id)? {
+                    continue;
+                }
                 let leased_at_ms = now_unix_ms();
                 let not_before_ms = leases::grant_not_before_ms(None, margin_ms, serving.forgotten_stamps_until_ms);
                 let granted = client.update(
@@ -469,7 +510,8 @@ pub fn renew(machine_id: u16, lease: i64, secret: u128, ttl_ms: i64, last_issued
         let (current, last) = locked.map(|(c, l, _)| (c, l)).expect("checked above");
         let expires_at_ms = leases::renewed_expiry_ms(current.expires_at_ms, now_ms, ttl_ms);
         let margin_ms = last.margin_ms.map_or(margin_ms, |own| own.max(margin_ms));
-        if let Err(e) = leases::check_last_issued(lease, last_issued_ms, expires_at_ms, margin_ms) {
+        // Stamps issued by now (not the new expiry: #31 item 6).
+        if let Err(e) = leases::check_last_issued(lease, last_issued_ms, now_ms, margin_ms) {
             return Ok(Err(e.into()));
         }
         client.update(
@@ -495,9 +537,14 @@ pub fn release(machine_id: u16, lease: i64, secret: u128, last_issued_ms: Option
         // A lease ends at its release or its expiry, whichever came first;
         // a second release changes only the reported stamp.
         let ended = LastLease { ended_at_ms: Some(last.ended_at_ms.unwrap_or(now_unix_ms()).min(last.expires_at_ms)), ..last };
-        if let Err(e) = leases::check_last_issued(lease, last_issued_ms, ended.end_ms(), last.margin_ms.map_or(margin_ms, |own| own.max(margin_ms))) {
+        let margin_ms = last.margin_ms.map_or(margin_ms, |own| own.max(margin_ms));
+        if let Err(e) = leases::check_last_issued(lease, last_issued_ms, ended.end_ms(), margin_ms) {
             return Ok(Err(e.into()));
         }
+        // A report recorded earlier past the end plus the margin (0.3.0
+        // believed one up to a renewal's new expiry) stays in the row (a
+        // stamp never moves back) and is capped where it is used
+        // (`LastLease::not_before_ms`).
         client.update(
             "UPDATE pgticket.machine_id_leases \
                 SET ended_at = coalesce(ended_at, $2), last_issued_ms = GREATEST(last_issued_ms, $3) \

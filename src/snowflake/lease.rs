@@ -287,8 +287,12 @@ impl LeaseHolder for WorkerHolder {
         *self.current.borrow()
     }
 
+    /// Only a stamp this server issued: the generator's state also holds
+    /// the lease's floor (`not_before_ms`), which a report must not give as
+    /// a stamp (#31 item 6: it made the registry refuse every renewal).
     fn last_stamp_ms(&self) -> Option<i64> {
-        super::last_stamp_unix_ms()
+        let floor = self.current().map_or(i64::MIN, |p| p.grant.not_before_ms);
+        super::last_stamp_unix_ms().filter(|stamp| *stamp > floor)
     }
 
     fn pause_until(&self, until_boot_ms: i64) -> bool {

@@ -113,25 +113,9 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
                 })
                 .collect::<Result<Vec<_>, pgrx::spi::Error>>()?;
             if spaces.is_empty() {
-                // The first use records the space: under a lock that waits
-                // for another first use in progress, then read again as
-                // committed now (this statement's snapshot may predate the
-                // other's commit, as under REPEATABLE READ), so that two
-                // first uses never record two spaces.
-                // Bounded (SPEC §13.11): a first use in a transaction left
-                // open holds the lock until it ends; the others fail after
-                // a second (55P03) rather than wait (undone with the
-                // owner's settings).
-                client.update("SET LOCAL lock_timeout = 1000", None, &[])?;
-                client.update("LOCK TABLE pgticket.id_space IN SHARE ROW EXCLUSIVE MODE", None, &[])?;
+                // As committed now: this statement's snapshot may predate
+                // another first use's commit (REPEATABLE READ).
                 spaces = committed_spaces(table.oid);
-                if !spaces.is_empty() {
-                    // Found, not recorded: this transaction changed nothing
-                    // the lock guards, so the next waiter need not queue
-                    // behind it until it ends (a cascade of 55P03 among
-                    // concurrent first uses).
-                    unsafe { pg_sys::UnlockRelationOid(table.oid, pg_sys::ShareRowExclusiveLock as pg_sys::LOCKMODE) };
-                }
             }
             if spaces.is_empty() {
                 // Leases not yet free with no space recorded: the table was
@@ -156,19 +140,38 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
                 }
                 // Which server made this database's first snowflakes
                 // (SPEC §17.1, `history`): a column of 0.4.0.
+                // The first use records the space, with no lock held
+                // across the caller's transaction (SPEC §13.11: a first
+                // use left open or prepared stalled every other one): it
+                // inserts its row, then looks at every row, in progress
+                // too. Two first uses of different spaces (a registry
+                // loading on demand, its configuration reloaded between
+                // them) cannot both miss each other: the later insert
+                // sees the earlier, and refuses. Of one space (a preloaded
+                // server's, fixed at its start) both stand: two rows that
+                // say the same. The key's time is the clock's, so two
+                // inserts never meet on it and never wait for each other.
                 let (epoch_ms, machine_bits) = (mine.epoch_unix_ms, mine.machine_bits as i32);
                 if has_system_identifier(client)? {
                     client.update(
-                        "INSERT INTO pgticket.id_space (epoch_ms, machine_bits, system_identifier) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                        "INSERT INTO pgticket.id_space (epoch_ms, machine_bits, system_identifier, recorded_at) \
+                         VALUES ($1, $2, $3, pg_catalog.clock_timestamp())",
                         None,
                         &[epoch_ms.into(), machine_bits.into(), (this_system() as i64).into()],
                     )?;
                 } else {
                     client.update(
-                        "INSERT INTO pgticket.id_space (epoch_ms, machine_bits) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                        "INSERT INTO pgticket.id_space (epoch_ms, machine_bits, recorded_at) VALUES ($1, $2, pg_catalog.clock_timestamp())",
                         None,
                         &[epoch_ms.into(), machine_bits.into()],
                     )?;
+                }
+                if let Some(other) = spaces_in_progress_too(table.oid).into_iter().find(|s| *s != mine) {
+                    return Ok(Err(TicketError::Snowflake(SnowflakeError::OtherIdSpace {
+                        location: "another transaction's first use of this database (pgticket.id_space, not yet committed)".into(),
+                        recorded: other,
+                        configured: mine,
+                    })));
                 }
                 RECORDED_BY.set(unsafe { pg_sys::GetCurrentTransactionIdIfAny() });
                 spaces.push(mine);
@@ -233,10 +236,20 @@ pub fn recorded_systems() -> Vec<u64> {
 /// The spaces in `pgticket.id_space` as committed now (a self snapshot: it
 /// sees what committed after this statement's snapshot was taken).
 fn committed_spaces(table: pg_sys::Oid) -> Vec<IdSpace> {
+    spaces_seen(table, pg_sys::SnapshotType::SNAPSHOT_SELF)
+}
+
+/// The spaces in `pgticket.id_space` as committed now or being inserted by
+/// a transaction in progress (a dirty snapshot).
+fn spaces_in_progress_too(table: pg_sys::Oid) -> Vec<IdSpace> {
+    spaces_seen(table, pg_sys::SnapshotType::SNAPSHOT_DIRTY)
+}
+
+fn spaces_seen(table: pg_sys::Oid, seen_by: pg_sys::SnapshotType::Type) -> Vec<IdSpace> {
     const EPOCH_MS: i32 = 1;
     const MACHINE_BITS: i32 = 2;
     let mut spaces = Vec::new();
-    state_tables::for_each_committed_row(table, |tuple, desc| {
+    state_tables::for_each_row_seen(table, seen_by, |tuple, desc| {
         let (mut epoch_null, mut bits_null) = (false, false);
         let epoch = unsafe { pg_sys::heap_getattr(tuple, EPOCH_MS, desc, &mut epoch_null) };
         let bits = unsafe { pg_sys::heap_getattr(tuple, MACHINE_BITS, desc, &mut bits_null) };

@@ -177,9 +177,13 @@ impl LastLease {
 
     /// The earliest timestamp a new holder may stamp is after this: every
     /// earlier holder's reported stamps, and the end of their leases plus
-    /// the margin (the skew allowance).
+    /// the margin (the skew allowance). A report is believed only up to
+    /// that end plus the margin: no holder stamps later, and a report past
+    /// it (0.3.0 took one at a renewal, then a release ended the lease)
+    /// would hold the id's next holder off by as much (#31 item 6).
     pub fn not_before_ms(&self, margin_ms: i64) -> i64 {
-        self.not_before_ms.max(self.last_issued_ms.unwrap_or(i64::MIN)).max(self.free_from_ms(margin_ms))
+        let free_from_ms = self.free_from_ms(margin_ms);
+        self.not_before_ms.max(self.last_issued_ms.unwrap_or(i64::MIN).min(free_from_ms)).max(free_from_ms)
     }
 }
 
@@ -346,7 +350,9 @@ pub fn renewed_expiry_ms(current_expires_ms: i64, now_ms: i64, ttl_ms: i64) -> i
 
 /// A reported stamp is believed only up to the lease's end plus the margin:
 /// no holder stamps later (SPEC §8 rule 10), and a later one would hold the
-/// id's next holders off without end.
+/// id's next holders off without end. A renewal passes the time of the
+/// call as the end: a holder reports stamps it issued, not ones ahead of
+/// its clock (which runs at most half the margin ahead of the registry's).
 pub fn check_last_issued(lease: i64, last_issued_ms: Option<i64>, end_ms: i64, margin_ms: i64) -> Result<(), LeaseError> {
     match last_issued_ms {
         Some(last_issued_ms) if last_issued_ms > end_ms.saturating_add(margin_ms) => {
@@ -517,9 +523,12 @@ mod tests {
         let l = lease(100_000, Some(40_000), false, Some(39_500));
         assert_eq!(l.free_from_ms(MARGIN), 50_000);
         assert_eq!(l.not_before_ms(MARGIN), 50_000);
-        // A holder whose clock ran ahead reported a stamp past the margin.
+        // A report past the end plus the margin is no stamp a holder made
+        // (its clock runs at most half the margin ahead, and it stamps at
+        // most half the margin past its reckoned end): capped (0.4.0;
+        // 0.3.0 believed it, #31 item 6).
         let ahead = lease(100_000, Some(40_000), false, Some(55_000));
-        assert_eq!(ahead.not_before_ms(MARGIN), 55_000);
+        assert_eq!(ahead.not_before_ms(MARGIN), 50_000);
     }
 
     #[test]
@@ -608,6 +617,27 @@ mod tests {
     fn a_renewal_never_moves_the_expiry_earlier() {
         assert_eq!(renewed_expiry_ms(100_000, 50_000, 60_000), 110_000);
         assert_eq!(renewed_expiry_ms(100_000, 50_000, 1_000), 100_000, "a shorter ttl keeps the longer lease");
+    }
+
+    #[test]
+    fn a_report_past_the_lease_end_plus_the_margin_never_holds_the_next_holder_off() {
+        // 0.3.0: renewed with a report at the new expiry plus the margin,
+        // then released at once: the next holder's floor lay a ttl ahead.
+        let poisoned = LastLease {
+            expires_at_ms: 160_000,
+            ended_at_ms: Some(100_000),
+            revoked: false,
+            last_issued_ms: Some(170_000),
+            not_before_ms: 0,
+            margin_ms: Some(MARGIN),
+        };
+        assert_eq!(poisoned.not_before_ms(MARGIN), 100_000 + MARGIN);
+        assert_eq!(grant_not_before_ms(Some(&poisoned), MARGIN, 0), 100_000 + MARGIN);
+        // A report within the end plus the margin still counts.
+        let honest = LastLease { last_issued_ms: Some(100_000 + MARGIN / 2), ..poisoned };
+        assert_eq!(honest.not_before_ms(MARGIN), 100_000 + MARGIN);
+        let earlier = LastLease { not_before_ms: 150_000, ..poisoned };
+        assert_eq!(earlier.not_before_ms(MARGIN), 150_000, "earlier holders' floors carry forward");
     }
 
     #[test]
