@@ -50,17 +50,9 @@ CREATE TRIGGER keeps_present BEFORE INSERT ON pgticket.rights
     FOR EACH ROW EXECUTE FUNCTION pgticket.merge_loaded_row();
 ALTER TABLE pgticket.rights ENABLE ALWAYS TRIGGER keeps_present;
 
--- 0.4.0 (SPEC §17.1): which server recorded a database's ID space (its
--- first snowflakes); a server whose mark does not stand for it refuses to
--- stamp there (pg_upgrade makes a new system identifier, and does not copy
--- pg_ticket_snowflake.mark). Rows of 0.3.0 are this server's: the update
--- runs on the server that made them (install, restart, UPDATE).
-ALTER TABLE pgticket.id_space ADD COLUMN system_identifier bigint;
-COMMENT ON COLUMN pgticket.id_space.system_identifier IS
-    'The server (PostgreSQL system identifier) that recorded the space at its first use here (NULL: before 0.4.0)';
-UPDATE pgticket.id_space SET system_identifier = (SELECT s.system_identifier FROM pg_catalog.pg_control_system() s);
-
--- An administrator vouches for a lost mark with this function.
+-- 0.4.0 (SPEC §17.1): a server that lost its snowflake mark (pg_upgrade
+-- does not copy pg_ticket_snowflake.mark) refuses snowflakes and shards
+-- until the file is carried over or an administrator vouches with:
 CREATE FUNCTION pgticket."raise_snowflake_mark"(
 	"after" timestamp with time zone
 ) RETURNS timestamp with time zone
@@ -68,5 +60,5 @@ VOLATILE PARALLEL UNSAFE
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'raise_snowflake_mark_wrapper';
 COMMENT ON FUNCTION pgticket.raise_snowflake_mark(timestamptz) IS
-    'Admin: vouch for a lost snowflake mark (pg_upgrade, a restore without pg_ticket_snowflake.mark): snowflakes and sharded IDs are made only after the time given, and this database''s IDs are covered';
+    'Admin: vouch for a lost snowflake mark (pg_upgrade, a restore without pg_ticket_snowflake.mark): this server makes snowflakes and sharded IDs only after the time given';
 REVOKE EXECUTE ON FUNCTION pgticket.raise_snowflake_mark(timestamptz) FROM PUBLIC;

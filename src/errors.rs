@@ -57,10 +57,14 @@ pub enum TicketError {
     Sharded(ticket_core::sharded::ShardError),
     #[error("permission denied for {scope}: no grant covers it for role {role}")]
     NoScopeRight { scope: String, role: String },
-    #[error("this server has no snowflake mark (pg_ticket_snowflake.mark), but this database records that snowflakes were made for it (pgticket.id_space): the mark was not carried over (pg_upgrade, a restored data directory, or a dump restored into a new server), and IDs below the lost one could be made again")]
-    MarkNotCarried,
-    #[error("this database's snowflakes were made by another server (PostgreSQL system identifier {}), and this server's mark (pg_ticket_snowflake.mark) was not carried over from it (pg_upgrade, a restored dump): IDs below that server's could be made again", systems.iter().map(u64::to_string).collect::<Vec<_>>().join(", "))]
-    MarkNotOf { systems: Vec<u64> },
+    #[error("{}", if *.upgraded {
+        "this data directory was made by pg_upgrade, and the snowflake mark (pg_ticket_snowflake.mark) was not carried over: this server cannot know how far its old self stamped, so it makes no snowflake or sharded ID, in any database, until the mark is carried over or vouched for"
+    } else {
+        "this server has no snowflake mark (pg_ticket_snowflake.mark), but this database records that snowflakes were made for it (pgticket.id_space): the mark was not carried over (a restored data directory, a file removed), and IDs below the lost one could be made again"
+    })]
+    MarkNotCarried { upgraded: bool },
+    #[error("waited {waited_ms} ms for another backend's write of the snowflake mark, which has been waiting {standby_wait_ms} ms for the synchronous standbys (synchronous_standby_names) to confirm its WAL record")]
+    MarkWaitsForStandby { waited_ms: u64, standby_wait_ms: i64 },
     /// A state table that cannot be used as it is (unlogged, moved).
     #[error("{0}")]
     StateTableUnfit(String),
@@ -123,8 +127,8 @@ impl TicketError {
             TicketError::Lease(LeaseError::NoneFree { .. }) => ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
             TicketError::Lease(_) | TicketError::NoMachineLease(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             TicketError::Snowflake(_) | TicketError::NotPreloaded(_) | TicketError::AllocationAfterFlush
-            | TicketError::MarkNotCarried
-            | TicketError::MarkNotOf { .. } => {
+            | TicketError::MarkNotCarried { .. }
+            | TicketError::MarkWaitsForStandby { .. } => {
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
             TicketError::ReadOnly { .. } => ERRCODE_READ_ONLY_SQL_TRANSACTION,
@@ -146,8 +150,11 @@ impl TicketError {
             TicketError::Snowflake(SnowflakeError::DamagedMark { .. }) => Some(
                 "Stop the server, and replace the file with one line: a Unix time in milliseconds past every snowflake this server issued, then its space as snowflake_id_space() reports it, e.g. '1767225700000 epoch_ms=1767225600000 machine_bits=10' (a number alone is read as 0.2.0's 10 machine bits).",
             ),
-            TicketError::MarkNotCarried | TicketError::MarkNotOf { .. } => Some(
-                "Stop the server, copy pg_ticket_snowflake.mark and pg_ticket_shards.book from the old data directory into this one, and start it (docs/operations.md, pg_upgrade). If the file is lost, in this database: SELECT pgticket.raise_snowflake_mark(<a time past every ID any server with this machine id made>); for a server given a machine id no other server used, raise_snowflake_mark(now()). Other allocators work meanwhile.",
+            TicketError::MarkWaitsForStandby { .. } => Some(
+                "A synchronous standby is gone or slow: bring it back, or remove it from synchronous_standby_names and reload. No ID is stamped under a mark the standbys have not confirmed.",
+            ),
+            TicketError::MarkNotCarried { .. } => Some(
+                "Stop the server, copy pg_ticket_snowflake.mark and pg_ticket_shards.book from the old data directory into this one, and start it (docs/operations.md, pg_upgrade). If the file is lost: SELECT pgticket.raise_snowflake_mark(<a time past every snowflake and sharded ID the old server made, in any database>); if it never made any, raise_snowflake_mark(now()). Other allocators work meanwhile.",
             ),
             TicketError::TooManyEntries(LimitReached::Entries { .. }) => {
                 Some("Split the transaction; a superuser may raise pg_ticket.max_transaction_entries.")

@@ -44,12 +44,18 @@ mod xact;
 
 extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
 
-/// Start-up, as pg_cron orders it: nothing during pg_upgrade; settings;
+/// Start-up, as pg_cron orders it: nothing during pg_upgrade (but mark a
+/// data directory it starts without a snowflake mark); settings;
 /// then, only while preloading, shared memory, hooks, the WAL resource
 /// manager and the workers.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     if unsafe { pgrx::pg_sys::IsBinaryUpgrade } {
+        // pg_upgrade: nothing runs, but a data directory it starts without
+        // a snowflake mark is marked as one that lost it (SPEC §17.1) — at
+        // preload, or when pg_upgrade LOADs the library to check for it
+        // (whether or not the new server preloads it yet).
+        snowflake::mark_an_upgrade_start();
         return;
     }
     let Some(preloaded) = settings::init() else { return };

@@ -46,6 +46,8 @@ static LEASE_MAX_TTL: GucSetting<i32> = GucSetting::<i32>::new(600_000);
 static LEASE_IDS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"0-1023"));
 static REGISTRY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 static MACHINE_LEASE_TTL: GucSetting<i32> = GucSetting::<i32>::new(60_000);
+/// Test builds only (TESTING.md): fault points.
+static TEST_REORDER_TICKET_INSTALLS: GucSetting<bool> = GucSetting::<bool>::new(false);
 
 /// Set once in `_PG_init`; read on every `snowflake_id()` call, so kept as
 /// plain atomics rather than re-reading and re-parsing the settings.
@@ -71,7 +73,9 @@ pub struct Preloaded {
 /// preloading), checked as PostgreSQL will parse them; None when not
 /// preloading.
 pub fn init() -> Option<Preloaded> {
+    refuse_a_parallel_workers_load();
     refuse_overridden_placeholders();
+    refuse_bad_configured_values();
     GucRegistry::define_bool_guc(
         c"pg_ticket.durable_commit",
         c"Commit transactions that took scoped IDs or blocks as synchronous_commit = on would.",
@@ -344,6 +348,18 @@ pub fn init() -> Option<Preloaded> {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
+    // A fault point of test builds: the ticket worker installs each
+    // segment after the next one, as a second worker of its database can
+    // (tests/integration/tests/roles.rs). Not in release builds.
+    #[cfg(debug_assertions)]
+    GucRegistry::define_bool_guc(
+        c"pg_ticket.test_reorder_ticket_installs",
+        c"Test builds only: the ticket worker installs each segment after the next one.",
+        c"",
+        &TEST_REORDER_TICKET_INSTALLS,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
     unsafe {
         GucRegistry::define_string_guc_with_hooks(
             c"pg_ticket.epoch",
@@ -376,10 +392,79 @@ pub fn init() -> Option<Preloaded> {
 }
 
 /// The value postgresql.conf (or ALTER SYSTEM, or the command line) gave a
-/// setting before it was defined, if any.
+/// setting before it was defined, if any: the placeholder's reset value,
+/// not a session's `SET` of it (at preload the two are one; loaded on
+/// demand, a role's `SET pg_ticket.lease_ids` must not decide whether the
+/// configured list is good: #31 review).
 fn raw_setting(name: &CStr) -> Option<String> {
     let value = unsafe { pg_sys::GetConfigOption(name.as_ptr(), true, false) };
-    (!value.is_null()).then(|| unsafe { CStr::from_ptr(value) }.to_string_lossy().into_owned())
+    if value.is_null() {
+        return None;
+    }
+    let reset = unsafe { pg_sys::GetConfigOptionResetString(name.as_ptr()) };
+    (!reset.is_null()).then(|| unsafe { CStr::from_ptr(reset) }.to_string_lossy().into_owned())
+}
+
+/// A value of the configuration that PostgreSQL would replace by the
+/// built-in default when the setting is defined (with only a WARNING):
+/// SPEC §13.6 wants it to stop the server. Loaded on demand, where nothing
+/// can stop the server, the session runs no pg_ticket code instead (a
+/// typo in `scope_rights` would otherwise switch rights off). Checked as
+/// PostgreSQL parses them.
+fn refuse_bad_configured_values() {
+    enum Kind {
+        Bool,
+        Int { min: i64, max: i64, unit_ms: bool },
+    }
+    use Kind::*;
+    let checked: [(&CStr, Kind); 8] = [
+        (c"pg_ticket.durable_commit", Bool),
+        (c"pg_ticket.scope_rights", Bool),
+        (c"pg_ticket.max_transaction_entries", Int { min: 10, max: i64::from(i32::MAX), unit_ms: false }),
+        (c"pg_ticket.max_block_size", Int { min: 1, max: i64::from(i32::MAX), unit_ms: false }),
+        (c"pg_ticket.max_scopes_per_role", Int { min: 0, max: i64::from(i32::MAX), unit_ms: false }),
+        (c"pg_ticket.ticket_wait_timeout", Int { min: 10, max: 3_600_000, unit_ms: true }),
+        (
+            c"pg_ticket.lease_margin",
+            Int { min: ticket_core::leases::MIN_MARGIN_MS, max: ticket_core::leases::MAX_TTL_MS, unit_ms: true },
+        ),
+        (c"pg_ticket.lease_max_ttl", Int { min: ticket_core::leases::MIN_TTL_MS, max: ticket_core::leases::MAX_TTL_MS, unit_ms: true }),
+    ];
+    for (name, kind) in checked {
+        let Some(text) = raw_setting(name) else { continue };
+        let problem = match kind {
+            Bool => {
+                let c_text = CString::new(text.as_str()).unwrap_or_default();
+                let mut value = false;
+                (!unsafe { pg_sys::parse_bool(c_text.as_ptr(), &mut value) }).then(|| format!("{text:?} is not a boolean"))
+            }
+            Int { min, max, unit_ms } => match parse_int_with_unit(&text, unit_ms) {
+                None => Some(format!("{text:?} is not a whole number{}", if unit_ms { " (of milliseconds, or with a unit: '10s')" } else { "" })),
+                Some(v) if !(min..=max).contains(&v) => Some(format!("{v} is outside {min}..{max}")),
+                Some(_) => None,
+            },
+        };
+        if let Some(problem) = problem {
+            let name = name.to_string_lossy();
+            if unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+                pgrx::error!("{name}: {problem}");
+            }
+            pgrx::pg_sys::panic::ErrorReport::new(PgSqlErrorCode::ERRCODE_CONFIG_FILE_ERROR, format!("{name}: {problem}"), "pg_ticket")
+                .set_detail("PostgreSQL would run with the built-in default instead, so pg_ticket does not run until the configuration is fixed.")
+                .set_hint("Fix the value in postgresql.conf (or ALTER SYSTEM) and reload.")
+                .report(pgrx::PgLogLevel::ERROR);
+        }
+    }
+}
+
+/// PostgreSQL's integer parser for settings, with units of time when
+/// `unit_ms` (the value in milliseconds).
+fn parse_int_with_unit(text: &str, unit_ms: bool) -> Option<i64> {
+    let c_text = CString::new(text).ok()?;
+    let mut value: i32 = 0;
+    let mut hint: *const c_char = std::ptr::null();
+    let flags = if unit_ms { pg_sys::GUC_UNIT_MS as i32 } else { 0 };
+    unsafe { pg_sys::parse_int(c_text.as_ptr(), &mut value, flags, &mut hint) }.then_some(i64::from(value))
 }
 
 /// A whole-number setting's raw value as PostgreSQL will parse it (any
@@ -398,10 +483,7 @@ fn raw_int(name: &CStr, default: i64, min: i64, max: i64) -> i64 {
 
 /// PostgreSQL's own integer parser for settings (no unit).
 fn parse_int_as_postgres(text: &str) -> Option<i64> {
-    let c_text = CString::new(text).ok()?;
-    let mut value: i32 = 0;
-    let mut hint: *const c_char = std::ptr::null();
-    unsafe { pg_sys::parse_int(c_text.as_ptr(), &mut value, 0, &mut hint) }.then_some(i64::from(value))
+    parse_int_with_unit(text, false)
 }
 
 /// Where this server's snowflake machine id comes from.
@@ -615,6 +697,26 @@ fn find_setting(name: &CStr) -> Option<*mut pg_sys::config_generic> {
     }
 }
 
+/// A parallel worker that loads the library itself (its leader had not: a
+/// PL/pgSQL function's first call of pg_ticket inside a parallel query)
+/// cannot define the settings with their values — PostgreSQL refuses any
+/// set during a parallel operation — and would run on the built-in
+/// defaults (`scope_rights` off). Refused; a leader that loaded it first
+/// passes it to its workers before their settings (#31 review).
+fn refuse_a_parallel_workers_load() {
+    // While a worker restores its leader's state it loads the libraries
+    // the leader had, before the settings: that load is fine.
+    if unsafe { pg_sys::ParallelWorkerNumber >= 0 && !pg_sys::InitializingParallelWorker } {
+        pgrx::pg_sys::panic::ErrorReport::new(
+            PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            "pg_ticket is loaded first by a parallel worker, where its settings cannot take their configured values",
+            "pg_ticket",
+        )
+        .set_hint("Call a pg_ticket function in the session before the parallel query (any: SELECT snowflake_id_space()), mark the calling function PARALLEL RESTRICTED, or preload pg_ticket (shared_preload_libraries).")
+        .report(pgrx::PgLogLevel::ERROR);
+    }
+}
+
 /// Whether PostgreSQL will refuse a placeholder's value set in `set_in` by
 /// `set_by` once the setting is defined in `context` (set_config_option's
 /// rule): a reload-only setting takes nothing from a session; a
@@ -670,7 +772,7 @@ fn refuse_overridden_placeholders() {
         // Above the command line: ALTER DATABASE / ROLE, the connection.
         if source > pg_sys::GucSource::PGC_S_ARGV && refused_when_defined(name, context, set_in, set_by) {
             let message = format!(
-                "{} is set for this session by a role that may not set it (the connection's options, or ALTER ROLE / ALTER DATABASE ... SET), before pg_ticket was loaded",
+                "{} is set for this session where PostgreSQL will not take it (the connection's options, or ALTER ROLE / ALTER DATABASE ... SET, by a role that may not set it, or of a setting only the configuration file sets), before pg_ticket was loaded",
                 name.to_string_lossy()
             );
             pgrx::pg_sys::panic::ErrorReport::new(PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE, message, "pg_ticket")
@@ -763,6 +865,11 @@ pub fn max_scopes_per_role() -> i64 {
 
 pub fn max_block_size() -> i64 {
     i64::from(MAX_BLOCK_SIZE.get())
+}
+
+/// A fault point of test builds (false in release builds).
+pub fn test_reorder_ticket_installs() -> bool {
+    cfg!(debug_assertions) && TEST_REORDER_TICKET_INSTALLS.get()
 }
 
 /// At most this many ticket workers at once (reloadable).

@@ -611,14 +611,20 @@ pub fn check_own_id_unleased(machine_id: u16) -> Result<(), TicketError> {
     if OWN_ID_CHECKED.get() == Some((generation, machine_id)) {
         return Ok(());
     }
-    let Some(table) = crate::state_tables::lookup().and_then(|t| t.machine_id_leases) else {
-        return Ok(());
-    };
-    crate::state_tables::check_row_change_trigger(table, "machine_id_leases");
+    let Some(tables) = crate::state_tables::lookup() else { return Ok(()) };
+    let Some(table) = tables.machine_id_leases else { return Ok(()) };
+    // 0.2.0's table (before ALTER EXTENSION UPDATE) has no margin_ms, and
+    // no trigger that tells a change from outside (#30 review, helper 1:
+    // snowflake_id() failed there on the missing column).
+    let of_0_2_0 = tables.id_space.is_none();
+    if !of_0_2_0 {
+        crate::state_tables::check_row_change_trigger(table, "machine_id_leases");
+    }
+    let columns = if of_0_2_0 { LEASE_COLUMNS.replace("margin_ms", "NULL::pg_catalog.int8") } else { LEASE_COLUMNS.to_string() };
     let last = crate::state_tables::as_owner_of(table, || {
         Spi::connect(|client| {
             let rows = client.select(
-                &format!("SELECT {LEASE_COLUMNS} FROM pgticket.machine_id_leases WHERE machine_id OPERATOR(pg_catalog.=) $1"),
+                &format!("SELECT {columns} FROM pgticket.machine_id_leases WHERE machine_id OPERATOR(pg_catalog.=) $1"),
                 None,
                 &[i32::from(machine_id).into()],
             )?;

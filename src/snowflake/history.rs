@@ -1,100 +1,79 @@
-//! Whose IDs the mark stands for (SPEC §17.1). The snowflake mark is a
-//! file beside the catalog: `pg_upgrade` does not copy it, a restore of a
-//! dump into another server does not bring it, and the new server's clock
-//! says nothing about how far ahead the old one stamped. A start that
-//! cannot prove it follows its own latest state must not be "treated as
-//! new", so before this server stamps a snowflake or a sharded ID for a
-//! database it checks that its mark covers the IDs made for that database:
+//! A mark that was lost (SPEC §17.1). The snowflake mark is a file beside
+//! the catalog: `pg_upgrade` does not copy it, and a data directory can be
+//! restored or copied without it. A server without its mark cannot know
+//! how far ahead its old self stamped (a clock that ran ahead), so a start
+//! that cannot prove it follows its own latest state is never "treated as
+//! new":
 //!
-//! 1. the server has a mark (loaded at start or written since), or the
-//!    database's ID space was recorded by this very transaction (its first
-//!    use), or the database records no space (0.2.0's objects);
-//! 2. every server that recorded the database's space
-//!    (`pgticket.id_space.system_identifier`, a PostgreSQL system
-//!    identifier) is one the mark file names (`systems=`, ticket-core's
-//!    `FileMarkStore`): this server itself, a server whose file was carried
-//!    over (the old server of a `pg_upgrade`), or one an administrator
-//!    vouched for with `pgticket.raise_snowflake_mark()`.
+//! - `pg_upgrade` starts the new data directory's server in binary-upgrade
+//!   mode and loads pg_ticket there (preloaded, or `LOAD` to check that
+//!   the library is installed): if that directory has no mark then, the
+//!   library leaves `UPGRADE_MARKER` in it. Until a mark is there
+//!   (the old file copied in, or written by a vouch), the server makes no
+//!   snowflake or sharded ID in any database — a new database's first use
+//!   included, whose mark would otherwise stand for the whole server.
+//! - Any other server with no mark refuses in a database whose ID space was
+//!   recorded before this transaction (IDs were made for it), and serves
+//!   the first use of a database (a new server's first snowflakes).
 //!
-//! Otherwise the call is refused (55000, naming the file and the call).
-//! Rule 2 also holds where a new database's first use wrote a mark after
-//! an upgrade: the upgraded databases still name the old server.
+//! `pgticket.raise_snowflake_mark(after)` is the administrator's word: the
+//! mark is written past `after` (server-wide), the marker removed.
 //!
-//! Checked once per backend and state-table generation (a change of
-//! `pgticket.id_space` invalidates it everywhere); what it reads only
-//! grows (a mark appears, the servers named are added to), so a pass stays
-//! true. Touches: the mark file (read without the writer flag: a write
-//! renames a whole new file in; written only through `wal::WalMarkStore`
-//! under the flag) and `pgticket.id_space` (read as its owner).
+//! One atomic load once the server has a mark; until then a file test per
+//! call. Touches: the mark (through `wal::WalMarkStore`, under the
+//! generator's writer flag), the marker file, `pgticket.id_space` (read).
 
 use pgrx::prelude::*;
-use std::cell::{Cell, RefCell};
+use std::path::Path;
 use ticket_core::snowflake as layout;
 
-use super::{space, wal, SystemClock, GENERATOR};
+use super::{space, wal, SystemClock, GENERATOR, MARK_FILE};
 use crate::errors::{OrRaise, TicketError};
-use crate::{settings, state_tables};
+use crate::settings;
 
-thread_local! {
-    /// The state-table generation at which this database's IDs were found
-    /// covered by the mark.
-    static CHECKED: Cell<Option<u64>> = const { Cell::new(None) };
-    /// Servers an administrator vouches for in the call under way: the
-    /// mark written by it names them.
-    static VOUCHED: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+/// Left in a data directory that `pg_upgrade` started without a mark.
+const UPGRADE_MARKER: &str = "pg_ticket_snowflake.upgraded";
+
+/// The furthest ahead of this server's clock an administrator may vouch:
+/// a time past it is a mistake (`infinity`, a year typed wrong) that would
+/// stop every snowflake until then.
+const MAX_VOUCH_AHEAD_MS: i64 = 24 * 3600 * 1000;
+
+/// At a binary-upgrade start (`pg_upgrade`), in the postmaster or a
+/// backend: the data directory is the working directory.
+pub fn mark_an_upgrade_start() {
+    if !Path::new(MARK_FILE).exists() && !Path::new(UPGRADE_MARKER).exists() {
+        let text = "pg_upgrade started this data directory without pg_ticket_snowflake.mark: no snowflakes until it is copied over or vouched for (pgticket.raise_snowflake_mark)\n";
+        if let Err(e) = layout::write_atomically(Path::new(UPGRADE_MARKER), text) {
+            pgrx::error!("pg_ticket: a pg_upgrade start without a snowflake mark, and {e}");
+        }
+    }
 }
 
-/// Refuses a database whose IDs this server's mark does not cover.
+/// Refuses to stamp where this server lost its mark.
 pub fn check() -> Result<(), TicketError> {
-    let generation = state_tables::generation();
-    if CHECKED.get() == Some(generation) {
+    let generator = &GENERATOR.get().0;
+    if layout::has_mark(generator) {
         return Ok(());
     }
-    let generator = &GENERATOR.get().0;
     layout::load_mark(generator, &SystemClock, &wal::WalMarkStore, settings::epoch_unix_ms())?;
-    let named = named_systems();
-    let unknown: Vec<u64> = space::recorded_systems().into_iter().filter(|s| !named.contains(s)).collect();
-    if !unknown.is_empty() {
-        return Err(TicketError::MarkNotOf { systems: unknown });
+    if layout::has_mark(generator) {
+        return Ok(());
     }
-    if !layout::has_mark(generator) && !space::recorded_in_this_transaction() && space::recorded()?.is_some() {
-        return Err(TicketError::MarkNotCarried);
+    if Path::new(UPGRADE_MARKER).exists() {
+        return Err(TicketError::MarkNotCarried { upgraded: true });
     }
-    CHECKED.set(Some(generation));
+    if !space::recorded_in_this_transaction() && space::recorded()?.is_some() {
+        return Err(TicketError::MarkNotCarried { upgraded: false });
+    }
     Ok(())
 }
 
-/// The servers the mark stands for: those its file names, and this one.
-fn named_systems() -> Vec<u64> {
-    let mut named = wal::file().systems().unwrap_or_default();
-    named.push(space::this_system());
-    named
-}
-
-/// What a mark written now names: what the file named, the servers vouched
-/// for by the call under way, and this server (the latest last).
-pub fn systems_to_name() -> Vec<u64> {
-    let mut named = wal::file().systems().unwrap_or_default();
-    VOUCHED.with_borrow(|vouched| named.extend_from_slice(vouched));
-    named.push(space::this_system());
-    named
-}
-
-/// The servers vouched for, named by marks written while it lives (and by
-/// no later one, whatever ends the call).
-struct Vouching;
-
-impl Vouching {
-    fn for_servers(systems: Vec<u64>) -> Vouching {
-        VOUCHED.set(systems);
-        Vouching
-    }
-}
-
-impl Drop for Vouching {
-    fn drop(&mut self) {
-        VOUCHED.set(Vec::new());
-    }
+/// Whether a mark may be written for a database's first use of its space
+/// by a server that has none (a registry's first grant records its space
+/// in one): not where an upgrade lost the mark.
+pub fn first_mark_allowed() -> bool {
+    !Path::new(UPGRADE_MARKER).exists() && space::recorded_in_this_transaction()
 }
 
 /// Administration in the extension's own schema (SPEC §18.3).
@@ -103,15 +82,15 @@ mod pgticket {
     use super::*;
 
     /// Admin (SPEC §17.1): the word for a lost snowflake mark. Every
-    /// snowflake and sharded ID this server makes from now on is after
-    /// `after` (and after now), here and after a restart, and the mark
-    /// covers the servers that made this database's IDs (a database whose
-    /// IDs other servers made is vouched for in that database). For a
-    /// server whose mark file was not carried over (`pg_upgrade`, a data
-    /// directory or a dump restored into a new server): give a time past
-    /// every ID any server of this machine id made — the old mark file's
-    /// time, or the decoded `max(id)` of the tables; `now()` for a new
-    /// machine id. Returns the mark written. It only raises.
+    /// snowflake and sharded ID this server makes from now on, in every
+    /// database, is after `after` (and after now), here and after a
+    /// restart. For a server whose mark file was not carried over
+    /// (`pg_upgrade`, a data directory restored without it): give a time
+    /// past every ID the old server made in any database — its old mark
+    /// file's time, or the latest decoded `max(id)` of all its tables,
+    /// plus any error of its clock; `now()` if it never made one. At most
+    /// a day ahead of this server's clock. Returns the mark written. It
+    /// only raises.
     #[pg_extern(volatile, parallel_unsafe)]
     fn raise_snowflake_mark(after: Option<TimestampWithTimeZone>) -> TimestampWithTimeZone {
         crate::errors::postgres_errors_as_raised(|| {
@@ -120,16 +99,29 @@ mod pgticket {
             }
             crate::xact::check_writable().or_raise();
             let after = crate::api::required("after", after);
-            space::check_database().or_raise();
+            let now_unix_ms = super::super::now_unix_ms();
+            if !after.is_finite() {
+                TicketError::InfiniteTime.raise();
+            }
+            let after_unix_ms = super::super::unix_ms_of_timestamptz(after);
+            if after_unix_ms > now_unix_ms.saturating_add(MAX_VOUCH_AHEAD_MS) {
+                TicketError::InvalidArgument(format!(
+                    "after is more than a day ahead of this server's clock ({}): a mark that far ahead stops every snowflake until then; give the time past the old server's last ID",
+                    ticket_core::epoch::format_unix_ms(now_unix_ms)
+                ))
+                .raise();
+            }
             let epoch = settings::epoch_unix_ms();
-            let after_ms = (super::super::unix_ms_of_timestamptz(after).max(super::super::now_unix_ms()) - epoch).max(0) as u64;
-            let mark_ms = {
-                let _vouching = Vouching::for_servers(space::recorded_systems());
-                layout::raise_mark(&GENERATOR.get().0, &SystemClock, &wal::WalMarkStore, epoch, after_ms).or_raise()
-            };
-            CHECKED.set(None);
+            let after_ms = (after_unix_ms.max(now_unix_ms) - epoch).max(0) as u64;
+            let mark_ms = layout::raise_mark(&GENERATOR.get().0, &SystemClock, &wal::WalMarkStore, epoch, after_ms).or_raise();
+            // The mark stands now: the marker of a lost one goes.
+            if let Err(e) = std::fs::remove_file(UPGRADE_MARKER) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    pgrx::warning!("pg_ticket: cannot remove {UPGRADE_MARKER}: {e} (the mark is written; the marker is ignored while it stands)");
+                }
+            }
             let mark_unix_ms = epoch + mark_ms as i64;
-            pgrx::log!("pg_ticket: raise_snowflake_mark() raised the snowflake mark to {mark_unix_ms} Unix ms for this database's servers");
+            pgrx::log!("pg_ticket: raise_snowflake_mark() raised the snowflake mark to {mark_unix_ms} Unix ms");
             super::super::timestamptz_or_error(mark_unix_ms)
         })
     }
@@ -138,7 +130,7 @@ mod pgticket {
 extension_sql!(
     r#"
 COMMENT ON FUNCTION pgticket.raise_snowflake_mark(timestamptz) IS
-    'Admin: vouch for a lost snowflake mark (pg_upgrade, a restore without pg_ticket_snowflake.mark): snowflakes and sharded IDs are made only after the time given, and this database''s IDs are covered';
+    'Admin: vouch for a lost snowflake mark (pg_upgrade, a restore without pg_ticket_snowflake.mark): this server makes snowflakes and sharded IDs only after the time given';
 REVOKE EXECUTE ON FUNCTION pgticket.raise_snowflake_mark(timestamptz) FROM PUBLIC;
 "#,
     name = "raise_snowflake_mark_privileges",

@@ -33,6 +33,7 @@ mod space;
 mod wal;
 pub use lease::{register_worker as register_lease_worker, snapshot as lease_snapshot};
 pub use space::registry_space;
+pub use history::mark_an_upgrade_start;
 pub use wal::{mark_a_restored_start, register as register_wal};
 
 /// Relative to the data directory (every backend's working directory), so
@@ -52,8 +53,20 @@ unsafe impl PGRXSharedMemory for Shared {}
 
 static GENERATOR: PgAtomic<Shared> = unsafe { PgAtomic::new(c"pg_ticket_snowflake") };
 
+/// Since when (Unix ms) the mark's writer waits for the synchronous
+/// standbys to confirm its WAL record (0: it does not): callers that wait
+/// for the writer say so when they give up (#31 item 8).
+#[derive(Default)]
+pub struct StandbyWait(std::sync::atomic::AtomicI64);
+
+// An atomic only.
+unsafe impl PGRXSharedMemory for StandbyWait {}
+
+static MARK_STANDBY_WAIT: PgAtomic<StandbyWait> = unsafe { PgAtomic::new(c"pg_ticket_mark_standby_wait") };
+
 pub fn init_shared_memory() {
     pg_shmem_init!(GENERATOR);
+    pg_shmem_init!(MARK_STANDBY_WAIT);
     lease::init_shared_memory();
     shards::init_shared_memory();
 }
@@ -80,13 +93,14 @@ pub fn refuse_another_id_space() {
 /// meet). A mark loaded or written since start records the space already
 /// (one of another space is refused on load), so only the first grant of
 /// a server that never had a mark writes it.
-/// Not where the database's space was recorded before this transaction:
-/// that mark was lost (`history`), and one written now would hide it.
+/// Not where the database's space was recorded before this transaction, or
+/// where `pg_upgrade` lost the mark: one written now would hide the loss
+/// (`history`).
 pub fn record_space_in_mark() -> Result<(), TicketError> {
     let generator = &GENERATOR.get().0;
     let epoch = settings::epoch_unix_ms();
     layout::load_mark(generator, &SystemClock, &wal::WalMarkStore, epoch)?;
-    if !layout::has_mark(generator) && space::recorded_in_this_transaction() {
+    if !layout::has_mark(generator) && history::first_mark_allowed() {
         let now_ms = u64::try_from(now_unix_ms() - epoch).unwrap_or(0);
         layout::cover(generator, &SystemClock, &wal::WalMarkStore, epoch, now_ms)?;
     }
@@ -162,7 +176,39 @@ impl Drop for MarkWriter {
 #[pg_guard]
 unsafe extern "C-unwind" fn free_writer_flag_on_exit(_code: i32, _arg: pg_sys::Datum) {
     if WRITING.get() {
+        MARK_STANDBY_WAIT.get().0.store(0, std::sync::atomic::Ordering::Release);
         GENERATOR.get().0.release_mark_writer_on_exit();
+    }
+}
+
+/// The mark's writer waits for the synchronous standbys while it lives.
+struct StandbyWaiting;
+
+impl StandbyWaiting {
+    fn begin() -> StandbyWaiting {
+        MARK_STANDBY_WAIT.get().0.store(now_unix_ms().max(1), std::sync::atomic::Ordering::Release);
+        StandbyWaiting
+    }
+}
+
+impl Drop for StandbyWaiting {
+    fn drop(&mut self) {
+        MARK_STANDBY_WAIT.get().0.store(0, std::sync::atomic::Ordering::Release);
+    }
+}
+
+/// A caller that gave up waiting for the mark's writer, told why when the
+/// writer waits for the synchronous standbys (not the storage).
+pub fn name_the_wait(e: TicketError) -> TicketError {
+    match e {
+        TicketError::Snowflake(layout::SnowflakeError::MarkBusy { waited_ms }) => {
+            let since = MARK_STANDBY_WAIT.get().0.load(std::sync::atomic::Ordering::Acquire);
+            if since == 0 {
+                return TicketError::Snowflake(layout::SnowflakeError::MarkBusy { waited_ms });
+            }
+            TicketError::MarkWaitsForStandby { waited_ms, standby_wait_ms: (now_unix_ms() - since).max(0) }
+        }
+        other => other,
     }
 }
 
@@ -206,13 +252,14 @@ pub fn next_id() -> i64 {
     crate::xact::check_writable().or_raise();
     space::check_database().or_raise();
     history::check().or_raise();
-    match settings::machine_id() {
+    let issued: Result<i64, TicketError> = match settings::machine_id() {
         MachineId::Fixed(id) => {
             crate::leases::check_own_id_unleased(id).or_raise();
-            issue(&SystemClock, id, i64::MAX).or_raise()
+            issue(&SystemClock, id, i64::MAX).map_err(TicketError::from)
         }
-        MachineId::Leased => lease::next_id(|clock, id, stamp_cap_unix_ms| issue(clock, id, stamp_cap_unix_ms)).or_raise(),
-    }
+        MachineId::Leased => lease::next_id(|clock, id, stamp_cap_unix_ms| issue(clock, id, stamp_cap_unix_ms)).map_err(TicketError::from),
+    };
+    issued.map_err(name_the_wait).or_raise()
 }
 
 fn issue(clock: &impl Clock, machine_id: u16, stamp_cap_unix_ms: i64) -> Result<i64, layout::SnowflakeError> {

@@ -63,7 +63,7 @@ fn sharded_id(shard: Option<i32>) -> i64 {
         let shard = shard_arg(shard, "sharded_id");
         super::space::check_database().or_raise();
         super::history::check().or_raise();
-        server().next_id(shard, settings::owns_shard(shard)).or_raise()
+        server().next_id(shard, settings::owns_shard(shard)).map_err(|e| super::name_the_wait(e.into())).or_raise()
     })
 }
 
@@ -76,7 +76,9 @@ fn sharded_id(shard: Option<i32>) -> i64 {
 fn sharded_release(shard: Option<i32>) -> i64 {
     postgres_errors_as_raised(|| {
         let shard = shard_arg(shard, "sharded_release");
-        server().release(shard, settings::owns_shard(shard)).or_raise()
+        // Its point stands above the mark: not a mark this server lost.
+        super::history::check().or_raise();
+        server().release(shard, settings::owns_shard(shard)).map_err(|e| super::name_the_wait(e.into())).or_raise()
     })
 }
 
@@ -101,8 +103,8 @@ fn sharded_accept(shard: Option<i32>, handover_id: Option<i64>) -> i64 {
             TicketError::InvalidArgument(format!("{handover_id} is an ID of shard {}, not of shard {shard}", point.shard)).raise();
         }
         let listed = settings::owns_shard(shard);
-        server().accept(shard, listed, handover_id).or_raise();
-        server().next_id(shard, listed).or_raise()
+        server().accept(shard, listed, handover_id).map_err(|e| super::name_the_wait(e.into())).or_raise();
+        server().next_id(shard, listed).map_err(|e| super::name_the_wait(e.into())).or_raise()
     })
 }
 

@@ -67,11 +67,8 @@ CREATE TABLE pgticket.id_space (
     epoch_ms bigint NOT NULL,
     machine_bits integer NOT NULL,
     recorded_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
-    PRIMARY KEY (epoch_ms, machine_bits, recorded_at),
-    system_identifier bigint
+    PRIMARY KEY (epoch_ms, machine_bits, recorded_at)
 );
-COMMENT ON COLUMN pgticket.id_space.system_identifier IS
-    'The server (PostgreSQL system identifier) that recorded the space at its first use here (NULL: before 0.4.0)';
 COMMENT ON TABLE pgticket.id_space IS
     'The snowflake ID space (epoch, machine bits) of the IDs made for this database, recorded at the first use; a server set for another refuses snowflake_id() and leases here';
 CREATE FUNCTION pgticket.id_space_changed() RETURNS trigger
@@ -138,8 +135,6 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
                         "pgticket.id_space is empty while leases of this registry are not yet free: it was emptied under them; restore its row (the space those holders stamp in), or wait until their ids are free".into(),
                     )));
                 }
-                // Which server made this database's first snowflakes
-                // (SPEC §17.1, `history`): a column of 0.4.0.
                 // The first use records the space, with no lock held
                 // across the caller's transaction (SPEC §13.11: a first
                 // use left open or prepared stalled every other one): it
@@ -151,21 +146,11 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
                 // server's, fixed at its start) both stand: two rows that
                 // say the same. The key's time is the clock's, so two
                 // inserts never meet on it and never wait for each other.
-                let (epoch_ms, machine_bits) = (mine.epoch_unix_ms, mine.machine_bits as i32);
-                if has_system_identifier(client)? {
-                    client.update(
-                        "INSERT INTO pgticket.id_space (epoch_ms, machine_bits, system_identifier, recorded_at) \
-                         VALUES ($1, $2, $3, pg_catalog.clock_timestamp())",
-                        None,
-                        &[epoch_ms.into(), machine_bits.into(), (this_system() as i64).into()],
-                    )?;
-                } else {
-                    client.update(
-                        "INSERT INTO pgticket.id_space (epoch_ms, machine_bits, recorded_at) VALUES ($1, $2, pg_catalog.clock_timestamp())",
-                        None,
-                        &[epoch_ms.into(), machine_bits.into()],
-                    )?;
-                }
+                client.update(
+                    "INSERT INTO pgticket.id_space (epoch_ms, machine_bits, recorded_at) VALUES ($1, $2, pg_catalog.clock_timestamp())",
+                    None,
+                    &[mine.epoch_unix_ms.into(), (mine.machine_bits as i32).into()],
+                )?;
                 if let Some(other) = spaces_in_progress_too(table.oid).into_iter().find(|s| *s != mine) {
                     return Ok(Err(TicketError::Snowflake(SnowflakeError::OtherIdSpace {
                         location: "another transaction's first use of this database (pgticket.id_space, not yet committed)".into(),
@@ -190,47 +175,6 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
             Err(TicketError::Snowflake(SnowflakeError::OtherIdSpace { location: "this database (pgticket.id_space, carried by its dump)".into(), recorded, configured }))
         }
     }
-}
-
-/// This server's PostgreSQL system identifier (a new one after
-/// `pg_upgrade`; a base backup and its standbys share it).
-pub fn this_system() -> u64 {
-    unsafe { pg_sys::GetSystemIdentifier() }
-}
-
-/// Whether this database's `pgticket.id_space` has 0.4.0's column.
-fn has_system_identifier(client: &pgrx::spi::SpiClient<'_>) -> Result<bool, pgrx::spi::Error> {
-    Ok(client
-        .select(
-            "SELECT EXISTS (SELECT FROM pg_catalog.pg_attribute WHERE attrelid OPERATOR(pg_catalog.=) 'pgticket.id_space'::pg_catalog.regclass \
-               AND attname OPERATOR(pg_catalog.=) 'system_identifier' AND NOT attisdropped)",
-            None,
-            &[],
-        )?
-        .first()
-        .get_one::<bool>()?
-        .unwrap_or(false))
-}
-
-/// The servers that recorded this database's space (SPEC §17.1): the
-/// servers whose snowflakes were made for it, as far as it knows (rows of
-/// 0.3.0 name none; a restore into a used database brings the dump's).
-pub fn recorded_systems() -> Vec<u64> {
-    let Some(table) = state_tables::lookup().and_then(|t| t.id_space) else {
-        return Vec::new();
-    };
-    state_tables::as_owner_of(table, || {
-        Spi::connect(|client| {
-            if !has_system_identifier(&client)? {
-                return Ok(Vec::new());
-            }
-            client
-                .select("SELECT DISTINCT system_identifier FROM pgticket.id_space WHERE system_identifier IS NOT NULL", None, &[])?
-                .map(|row| row.get::<i64>(1).map(|v| v.unwrap_or_default() as u64))
-                .collect::<Result<Vec<_>, _>>()
-        })
-    })
-    .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot read pgticket.id_space: {e}"))
 }
 
 /// The spaces in `pgticket.id_space` as committed now (a self snapshot: it

@@ -87,11 +87,7 @@ impl MarkStore for WalMarkStore {
         // A mark in the file that no ID uses yet is harmless (higher is
         // always safe); no ID is stamped under it until the standbys have
         // it: the caller raises its reservation only on Ok.
-        let systems = super::history::systems_to_name();
-        logged_write(XLOG_MARK, &bytes, &format!("the new snowflake mark ({reserved_until_unix_ms} Unix ms)"), || {
-            file().save_naming(reserved_until_unix_ms, &systems)
-        })
-        .map_err(|NotReplicated| {
+        logged_write(XLOG_MARK, &bytes, &format!("the new snowflake mark ({reserved_until_unix_ms} Unix ms)"), || file().save(reserved_until_unix_ms)).map_err(|NotReplicated| {
             "the synchronous standbys did not confirm the new snowflake mark (the wait was cancelled or \
                  the session is ending): no ID is stamped under it"
                 .into()
@@ -145,6 +141,7 @@ fn logged_write(info: u8, bytes: &[u8], what: &str, write_file: impl FnOnce() ->
         }
         lsn
     };
+    let _waiting = super::StandbyWaiting::begin();
     if !crate::xact::wait_for_synchronous_standbys(lsn) {
         return Err(NotReplicated);
     }

@@ -359,9 +359,13 @@ fn wait_for_segment(i: usize, generation: u64, db: u32, deadline: Instant, queue
         if now >= deadline {
             unsafe { pg_sys::ConditionVariableCancelSleep() };
             let why = if busy {
-                "its row in pgticket.tickets is locked by another transaction (an uncommitted advance_ticket?)"
+                "its row in pgticket.tickets is locked by another transaction (an uncommitted advance_ticket?)".to_string()
+            } else if let Some(waited_ms) = worker::commit_wait_ms(db) {
+                format!(
+                    "the ticket worker of this database has been waiting {waited_ms} ms for its commit to be confirmed by the synchronous standbys (synchronous_standby_names): a standby is gone or slow"
+                )
             } else {
-                "the ticket worker of this database is not keeping up or not running"
+                "the ticket worker of this database is not keeping up or not running".to_string()
             };
             TicketError::TicketsUnavailable(format!(
                 "no tickets for ({}, {}) arrived within pg_ticket.ticket_wait_timeout ({} ms): {why}",

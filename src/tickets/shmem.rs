@@ -224,6 +224,10 @@ pub struct WorkerSlot {
     /// When a backend asked for this worker, on the monotonic clock (ms), to
     /// tell a slow start from a dead one whatever the wall clock does.
     pub started_at_ms: AtomicU64,
+    /// Since when (monotonic ms) the worker's commit waits — for the
+    /// synchronous standbys, if any are named; 0 while it does not commit.
+    /// For the message of a backend that waited in vain (#31 item 8).
+    pub committing_since_ms: AtomicU64,
     /// The slots that asked for a segment since the worker last looked, so
     /// a pass costs what was asked, not the size of the cache.
     queue_spin: AtomicBool,

@@ -140,6 +140,7 @@ unsafe extern "C-unwind" fn release(_code: i32, db: pg_sys::Datum) {
     let _dir = Directory::lock_unless_held();
     for w in &shmem::header().workers {
         if w.db.load(Ordering::Acquire) == db && w.pid.load(Ordering::Acquire) == me {
+            w.committing_since_ms.store(0, Ordering::Release);
             w.latch.store(std::ptr::null_mut(), Ordering::Release);
             w.pid.store(0, Ordering::Release);
             w.db.store(0, Ordering::Release);
@@ -180,6 +181,7 @@ pub extern "C-unwind" fn ticket_worker_main(arg: pg_sys::Datum) {
     let Some(me) = claimed else {
         return; // another worker serves this database
     };
+    THIS_WORKER.set(Some(me));
     unsafe { pg_sys::on_shmem_exit(Some(release), pg_sys::Datum::from(db)) };
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(pg_sys::Oid::from(db)), None);
     for (name, value) in [(c"synchronous_commit", c"on"), (c"lock_timeout", LOCK_TIMEOUT)] {
@@ -206,6 +208,21 @@ pub extern "C-unwind" fn ticket_worker_main(arg: pg_sys::Datum) {
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
     }
+}
+
+thread_local! {
+    /// This worker's registry entry (in shared memory), once it claimed it.
+    static THIS_WORKER: std::cell::Cell<Option<&'static shmem::WorkerSlot>> = const { std::cell::Cell::new(None) };
+}
+
+/// How long the worker of `db` has been waiting for its commit (for the
+/// synchronous standbys), if it is and has been for a while.
+pub fn commit_wait_ms(db: u32) -> Option<u64> {
+    shmem::header().workers.iter().find(|w| w.db.load(Ordering::Acquire) == db).and_then(|w| {
+        let since = w.committing_since_ms.load(Ordering::Acquire);
+        let waited = monotonic_ms().saturating_sub(since);
+        (since != 0 && waited >= 100).then_some(waited)
+    })
 }
 
 /// A slot's request, copied out under its spinlock.
@@ -290,22 +307,54 @@ const BUSY_PASS: Duration = Duration::from_millis(50);
 /// was asked for) and wake the waiters.
 fn install(requests: &[Wanted], results: Vec<Reserved>, (min, max): (i64, i64)) {
     let now = crate::snowflake::now_unix_ms();
+    let mut held_back = None;
     for (request, reserved) in requests.iter().zip(results) {
-        let slot = &shmem::slots()[request.slot];
+        if let (Reserved::Segment(segment), true) = (reserved, settings::test_reorder_ticket_installs()) {
+            // Test builds: install this segment after the next pass's, as a
+            // second worker of the database can (#31 item 9).
+            if let Some(earlier) = HELD_BACK.take() {
+                held_back = Some(earlier);
+            } else {
+                HELD_BACK.set(Some((request.slot, request.generation, request.asks, segment)));
+                continue;
+            }
+        }
+        install_one(request.slot, request.generation, request.asks, reserved, now, (min, max));
+    }
+    if let Some((slot, generation, asks, segment)) = held_back {
+        install_one(slot, generation, asks, Reserved::Segment(segment), now, (min, max));
+    }
+    unsafe { pg_sys::ConditionVariableBroadcast(shmem::cv()) };
+}
+
+thread_local! {
+    /// Test builds (`pg_ticket.test_reorder_ticket_installs`): a segment
+    /// held back to be installed after the next one.
+    static HELD_BACK: std::cell::Cell<Option<(usize, u64, u64, Segment)>> = const { std::cell::Cell::new(None) };
+}
+
+/// One reservation into slot `index`, if it still holds the scope asked
+/// for (at `generation`).
+fn install_one(index: usize, generation: u64, asks: u64, reserved: Reserved, now: i64, (min, max): (i64, i64)) {
+    {
+        let slot = &shmem::slots()[index];
         let mut g = slot.lock();
-        if slot.generation.load(Ordering::Acquire) != request.generation {
-            continue; // evicted or advanced meanwhile: the segment is a gap
+        if slot.generation.load(Ordering::Acquire) != generation {
+            return; // evicted or advanced meanwhile: the segment is a gap
         }
         // Answered either way; a busy scope is asked again by a backend
         // still waiting for it (so one nobody waits for does not keep the
         // worker busy).
         // An ask made while this one was reserved stays asked (it is in the
         // worker's queue again).
-        if g.asks == request.asks {
+        if g.asks == asks {
             g.requested = false;
         }
         g.busy = matches!(reserved, Reserved::Busy);
         match reserved {
+            // Tickets in real-time order whatever the number of workers: a
+            // segment reserved before one installed here is a gap.
+            Reserved::Segment(segment) if !segment.installs_after(g.reserved_to) => {}
             Reserved::Segment(segment) => {
                 g.cache.add(segment);
                 g.reserved_to = g.reserved_to.max(segment.last);
@@ -319,7 +368,6 @@ fn install(requests: &[Wanted], results: Vec<Reserved>, (min, max): (i64, i64)) 
             Reserved::Busy => {}
         }
     }
-    unsafe { pg_sys::ConditionVariableBroadcast(shmem::cv()) };
 }
 
 fn key_args<'a>(queue: Name<'a>, domain: Name<'a>) -> Vec<DatumWithOid<'a>> {
@@ -474,7 +522,14 @@ fn in_transaction<T>(f: impl FnOnce(&mut pgrx::spi::SpiClient<'_>, u32) -> Resul
     unsafe {
         if outcome.is_ok() {
             pg_sys::PopActiveSnapshot();
+            let committing = THIS_WORKER.get();
+            if let Some(me) = committing {
+                me.committing_since_ms.store(monotonic_ms().max(1), Ordering::Release);
+            }
             pg_sys::CommitTransactionCommand();
+            if let Some(me) = committing {
+                me.committing_since_ms.store(0, Ordering::Release);
+            }
         } else {
             pg_sys::AbortCurrentTransaction();
         }

@@ -407,19 +407,28 @@ impl<C: Clock, M: MarkStore, B: ShardBook> Server<'_, C, M, B> {
     /// 0 for a shard no server issued before): recorded in the book and
     /// covered by the durable mark, so neither a restart nor a promotion
     /// goes below it; never below what this server issued or released for
-    /// it itself. Waits (through `Clock::sleep`) until this server's clock
-    /// has passed the point, at most `MAX_HANDOVER_AHEAD_MS`.
+    /// it itself. First waits (through `Clock::sleep`, interruptible) until
+    /// this server's clock has passed the point, at most
+    /// `MAX_HANDOVER_AHEAD_MS`: only then is anything recorded or the
+    /// shared mark moved, so a point ahead never holds the snowflake
+    /// generator or another shard back, and a cancelled wait changes
+    /// nothing (#31 item 7: 0.3.0 moved the mark ahead first, and after a
+    /// cancel or a restart every snowflake and shard was refused until
+    /// the point passed). A clock before the epoch is refused at once.
     pub fn accept(&self, shard: u16, listed: bool, handover_id: i64) -> Result<(), ShardError> {
         if !listed {
             return Err(ShardError::NotListed(shard));
         }
         let parts = decompose(handover_id)?;
         self.ready()?;
-        let now_ms = self.clock.now_unix_ms().saturating_sub(self.epoch_unix_ms).max(0) as u64;
+        let now_ms = self.now_ms()?;
         if parts.millis > now_ms + MAX_HANDOVER_AHEAD_MS {
             return Err(ShardError::HandoverAhead { shard, ahead_ms: parts.millis - now_ms });
         }
-        // Before the writer flag is taken: covering may write the mark.
+        self.wait_past(shard, parts.millis)?;
+        // Covering may write the mark: before the writer flag is taken.
+        // The point is behind the clock now, so the mark moves no further
+        // than an issue of this millisecond would move it.
         snowflake::cover(self.generator, self.clock, self.mark, self.epoch_unix_ms, parts.millis)?;
         let point = {
             let _writer = Busy::acquire(self.generator.writer_flag(), self.clock)?;
@@ -427,8 +436,9 @@ impl<C: Clock, M: MarkStore, B: ShardBook> Server<'_, C, M, B> {
             let own = unpack(state.standing.load(Ordering::Acquire)).map_or(0, Standing::point);
             let last = state.last.load(Ordering::Acquire);
             let point = ((parts.millis << SEQUENCE_BITS) | u64::from(parts.sequence)).max(own).max(if last == CLOSED { 0 } else { last });
-            // The point as raised may lie ahead too (this server's own
-            // release, under a clock set back since): refused, not waited.
+            // The point as raised may lie ahead (this server's own release,
+            // under a clock set back since): refused, not waited.
+            let now_ms = self.now_ms()?;
             if point >> SEQUENCE_BITS > now_ms + MAX_HANDOVER_AHEAD_MS {
                 return Err(ShardError::HandoverAhead { shard, ahead_ms: (point >> SEQUENCE_BITS) - now_ms });
             }
@@ -450,13 +460,35 @@ impl<C: Clock, M: MarkStore, B: ShardBook> Server<'_, C, M, B> {
             })?;
             point
         };
-        // Returns once the clock can issue above the point.
+        // A point raised by this server's own earlier issues may still be
+        // a little ahead: the shard's first ID comes once the clock passes.
+        self.wait_past(shard, point >> SEQUENCE_BITS)
+    }
+
+    /// The clock, ms since the epoch (before it: refused).
+    fn now_ms(&self) -> Result<u64, ShardError> {
+        let now_unix_ms = self.clock.now_unix_ms();
+        if now_unix_ms < self.epoch_unix_ms {
+            return Err(SnowflakeError::BeforeEpoch { now_ms: now_unix_ms, epoch_ms: self.epoch_unix_ms }.into());
+        }
+        Ok((now_unix_ms - self.epoch_unix_ms) as u64)
+    }
+
+    /// Waits until the clock is past `millis`: at most
+    /// `MAX_HANDOVER_AHEAD_MS` (a clock set back meanwhile is refused).
+    fn wait_past(&self, shard: u16, millis: u64) -> Result<(), ShardError> {
+        let mut waited_ms = 0;
         loop {
-            let now_ms = self.clock.now_unix_ms().saturating_sub(self.epoch_unix_ms).max(0) as u64;
-            if now_ms > point >> SEQUENCE_BITS {
+            let now_ms = self.now_ms()?;
+            if now_ms > millis {
                 return Ok(());
             }
-            self.clock.sleep(((point >> SEQUENCE_BITS) + 1 - now_ms).min(10));
+            if waited_ms > MAX_HANDOVER_AHEAD_MS {
+                return Err(ShardError::HandoverAhead { shard, ahead_ms: millis + 1 - now_ms });
+            }
+            let pause = (millis + 1 - now_ms).min(10);
+            self.clock.sleep(pause);
+            waited_ms += pause;
         }
     }
 }
@@ -695,6 +727,24 @@ mod tests {
         let point = node.server().release(2, false).unwrap();
         let mark_ms = (node.mark.mark.get().unwrap() - EPOCH) as u64;
         assert_eq!(decompose(point).unwrap(), ShardedParts { millis: mark_ms, shard: 2, sequence: MAX_SEQUENCE });
+    }
+
+    #[test]
+    fn an_accept_of_a_point_ahead_waits_before_it_moves_the_mark_and_records_nothing_when_refused() {
+        // #31 item 7 (a): 0.3.0 covered the point first (the shared mark
+        // moved seconds ahead), then waited.
+        let node = Node::at(10_000);
+        let ahead = compose(ShardedParts { millis: 15_000, shard: 3, sequence: 0 });
+        node.server().accept(3, true, ahead).unwrap();
+        assert!(node.clock.paused_ms.get() >= 5_000, "waited for the point");
+        let mark_ms = (node.mark.mark.get().unwrap() - EPOCH) as u64;
+        assert!(mark_ms <= 15_001 + RESERVE_AHEAD_MS, "the mark moved with the clock, not ahead of it: {mark_ms}");
+        // (b) A clock before the epoch is refused at once, nothing recorded.
+        let before = Node::at(-5_000);
+        let paused = before.clock.paused_ms.get();
+        assert!(matches!(before.server().accept(4, true, 0), Err(ShardError::Snowflake(SnowflakeError::BeforeEpoch { .. }))));
+        assert_eq!(before.clock.paused_ms.get(), paused, "no wait");
+        assert!(before.book.load().unwrap().is_empty(), "nothing recorded");
     }
 
     #[test]

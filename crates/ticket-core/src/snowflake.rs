@@ -515,17 +515,16 @@ pub fn has_mark(shared: &SharedState) -> bool {
 /// now on, of this generator and of every layout on its mark (sharded), is
 /// after `after_ms` (ms since the epoch), as if a mark at `after_ms` had
 /// been loaded at start — in memory at once, and in the durable mark,
-/// which is written (at `after_ms` plus the reservation, or where it is if
-/// already past that). Returns the mark (ms since the epoch). A clock behind
+/// which is written at `after_ms` (plus the reservation) unless it is
+/// already past it. Returns the mark (ms since the epoch). A clock behind
 /// `after_ms` is refused by the next call, as after a start.
 pub fn raise_mark(shared: &SharedState, clock: &impl Clock, store: &impl MarkStore, epoch_unix_ms: i64, after_ms: u64) -> Result<u64, SnowflakeError> {
     ensure_loaded(shared, clock, store, epoch_unix_ms)?;
     let after_ms = after_ms.min(MAX_TIMESTAMP_MS);
     let _busy = Busy::acquire(&shared.busy, clock)?;
-    // Written even where the mark is past it: the store may record more
-    // with it (the servers an administrator vouched for).
-    let reserved_until = shared.reserved_until.load(Ordering::Acquire);
-    write_mark(shared, store, epoch_unix_ms, after_ms.max(reserved_until.saturating_sub(RESERVE_AHEAD_MS)))?;
+    if after_ms + RESERVE_AHEAD_MS > shared.reserved_until.load(Ordering::Acquire) {
+        write_mark(shared, store, epoch_unix_ms, after_ms)?;
+    }
     // After the write: a failed one changes nothing here either.
     let floor = state_after_millisecond(after_ms);
     shared.last.fetch_max(floor, Ordering::AcqRel);
@@ -631,81 +630,31 @@ pub fn next_id(
 /// machine_bits=B`); one of another space than `space` is refused on load.
 /// A file of 0.2.0 (`N` alone) is of the epoch configured (0.2.0 recorded
 /// none) and of 0.2.0's one layout.
-///
-/// 0.4.0 (SPEC §17.1): the file also names the servers (PostgreSQL system
-/// identifiers) whose IDs the mark stands for, `systems=X,Y`: the server
-/// that writes it, and every server whose mark it was carried over from
-/// (`pg_upgrade` makes a new system identifier) or that an administrator
-/// vouched for. A database whose snowflakes were made by a server not
-/// named is refused by the server (see `src/snowflake/history.rs`).
+
 pub struct FileMarkStore<'a> {
     pub path: &'a std::path::Path,
     pub space: IdSpace,
 }
 
-/// The most servers a mark names; beyond, the oldest are forgotten (a
-/// database of one of them is refused, never served below its IDs).
-pub const MAX_MARK_SYSTEMS: usize = 16;
-
-/// A file's parts: the mark, the space it records, the servers it names.
-struct MarkFile {
-    mark: i64,
-    space: Option<IdSpace>,
-    systems: Vec<u64>,
-}
-
 impl FileMarkStore<'_> {
-    fn parse(&self, text: &str) -> Result<MarkFile, String> {
+    /// The mark and the space it records.
+    fn parse(&self, text: &str) -> Result<(i64, Option<IdSpace>), String> {
         let line = text.strip_suffix('\n').ok_or_else(|| "it does not end in a newline (a truncated write?)".to_string())?;
         let mut words = line.split(' ');
         let mark = words.next().unwrap_or_default().parse::<i64>().map_err(|e| format!("it is not a number: {e}"))?;
-        let (mut epoch, mut bits, mut systems) = (None, None, Vec::new());
+        let (mut epoch, mut bits) = (None, None);
         for word in words {
             match word.split_once('=') {
                 Some(("epoch_ms", v)) => epoch = Some(v.parse::<i64>().map_err(|e| format!("epoch_ms: {e}"))?),
                 Some(("machine_bits", v)) => bits = Some(v.parse::<u32>().map_err(|e| format!("machine_bits: {e}"))?),
-                Some(("systems", v)) => {
-                    systems = v.split(',').map(|x| x.parse::<u64>().map_err(|e| format!("systems: {e}"))).collect::<Result<_, _>>()?
-                }
                 _ => return Err(format!("{word:?} is not part of a mark")),
             }
         }
-        let space = match (epoch, bits) {
-            (None, None) => None,
-            (Some(epoch_unix_ms), Some(machine_bits)) => Some(IdSpace { epoch_unix_ms, machine_bits }),
-            _ => return Err("it records half an ID space".into()),
-        };
-        Ok(MarkFile { mark, space, systems })
-    }
-
-    /// The servers the file names (none if there is no file, or it is of
-    /// 0.3.0 or older); an unreadable or damaged file is an error.
-    pub fn systems(&self) -> Result<Vec<u64>, String> {
-        match std::fs::read_to_string(self.path) {
-            Ok(text) => self.parse(&text).map(|f| f.systems).map_err(|why| format!("{} holds {text:?}: {why}", self.location())),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
-            Err(e) => Err(format!("cannot read {}: {e}", self.path.display())),
+        match (epoch, bits) {
+            (None, None) => Ok((mark, None)),
+            (Some(epoch_unix_ms), Some(machine_bits)) => Ok((mark, Some(IdSpace { epoch_unix_ms, machine_bits }))),
+            _ => Err("it records half an ID space".into()),
         }
-    }
-
-    /// Writes the mark naming `systems` (the latest `MAX_MARK_SYSTEMS`,
-    /// each once, in the order given).
-    pub fn save_naming(&self, reserved_until_unix_ms: i64, systems: &[u64]) -> Result<(), String> {
-        let IdSpace { epoch_unix_ms, machine_bits } = self.space;
-        let mut named: Vec<u64> = Vec::new();
-        for s in systems.iter().rev() {
-            if !named.contains(s) && named.len() < MAX_MARK_SYSTEMS {
-                named.push(*s);
-            }
-        }
-        named.reverse();
-        let mut line = format!("{reserved_until_unix_ms} epoch_ms={epoch_unix_ms} machine_bits={machine_bits}");
-        if !named.is_empty() {
-            line.push_str(" systems=");
-            line.push_str(&named.iter().map(u64::to_string).collect::<Vec<_>>().join(","));
-        }
-        line.push('\n');
-        write_atomically(self.path, &line)
     }
 }
 
@@ -715,7 +664,7 @@ impl MarkStore for FileMarkStore<'_> {
             // save() writes the number and a newline; anything else (a
             // truncated write, an edit) is not a mark to trust.
             Ok(text) => match self.parse(&text) {
-                Ok(MarkFile { mark, space: recorded, .. }) => {
+                Ok((mark, recorded)) => {
                     let recorded = recorded.unwrap_or(IdSpace::of_0_2_0(self.space.epoch_unix_ms));
                     if recorded != self.space {
                         return Err(SnowflakeError::OtherIdSpace { location: self.location(), recorded, configured: self.space });
@@ -733,10 +682,9 @@ impl MarkStore for FileMarkStore<'_> {
         format!("file {:?} in the data directory", self.path.display().to_string())
     }
 
-    /// Keeps the servers the file names.
     fn save(&self, reserved_until_unix_ms: i64) -> Result<(), String> {
-        let systems = self.systems().unwrap_or_default();
-        self.save_naming(reserved_until_unix_ms, &systems)
+        let IdSpace { epoch_unix_ms, machine_bits } = self.space;
+        write_atomically(self.path, &format!("{reserved_until_unix_ms} epoch_ms={epoch_unix_ms} machine_bits={machine_bits}\n"))
     }
 }
 
@@ -874,8 +822,9 @@ pub(crate) mod tests {
         let id = next_id(&state, &clock, &store, EPOCH, L, 7, i64::MAX).unwrap();
         assert!(L.decompose(id).unwrap().millis > 600_000);
         // A lower word lowers nothing; a restart loads the written mark.
+        let saves = store.saves.get();
         assert_eq!(raise_mark(&state, &clock, &store, EPOCH, 1_000), Ok(600_000 + RESERVE_AHEAD_MS));
-        assert_eq!(store.mark.get(), Some(EPOCH + 600_000 + RESERVE_AHEAD_MS as i64));
+        assert_eq!((store.mark.get(), store.saves.get()), (Some(EPOCH + 600_000 + RESERVE_AHEAD_MS as i64), saves));
         let restarted = SharedState::default();
         clock.set(602_000);
         let id = next_id(&restarted, &clock, &store, EPOCH, L, 7, i64::MAX).unwrap();
@@ -1177,32 +1126,6 @@ pub(crate) mod tests {
         assert_eq!(state.last_state(), 0);
         store.fail.set(false);
         assert!(next_id(&state, &clock, &store, EPOCH, L, 7, i64::MAX).is_ok());
-    }
-
-    #[test]
-    fn the_file_mark_names_the_servers_it_stands_for_and_keeps_them_across_saves() {
-        let dir = std::env::temp_dir().join(format!("ticket-core-systems-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("mark");
-        let space = IdSpace::new(EPOCH, L);
-        let store = FileMarkStore { path: &path, space };
-        assert_eq!(store.systems(), Ok(vec![]), "no file names no server");
-        store.save(EPOCH + 1).unwrap();
-        assert_eq!(store.systems(), Ok(vec![]), "a mark of 0.3.0's form names none");
-        store.save_naming(EPOCH + 2, &[7, 9, 7]).unwrap();
-        assert_eq!(std::fs::read_to_string(&path).unwrap(), format!("{} epoch_ms={EPOCH} machine_bits=10 systems=9,7\n", EPOCH + 2));
-        assert_eq!(store.load(), Ok(Some(EPOCH + 2)));
-        // A plain save (a replay, a test) keeps them.
-        store.save(EPOCH + 3).unwrap();
-        assert_eq!(store.systems(), Ok(vec![9, 7]));
-        // At most MAX_MARK_SYSTEMS, the latest kept.
-        let many: Vec<u64> = (1..=20).collect();
-        store.save_naming(EPOCH + 4, &many).unwrap();
-        assert_eq!(store.systems().unwrap(), (5..=20).collect::<Vec<u64>>());
-        std::fs::write(&path, format!("{} epoch_ms={EPOCH} machine_bits=10 systems=1,x\n", EPOCH)).unwrap();
-        assert!(store.systems().is_err());
-        assert!(matches!(store.load(), Err(SnowflakeError::DamagedMark { .. })));
-        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -41,6 +41,17 @@ pub struct Segment {
     pub last: i64,
 }
 
+impl Segment {
+    /// Whether a reserved segment may go into a slot whose segments so far
+    /// end at `reserved_to`: only one above all of them (SPEC §7, tickets
+    /// in real-time order). A segment at or below it was reserved before
+    /// one already installed — by a second worker of the database, which a
+    /// retiring one can meet, or installed late — and is a gap.
+    pub fn installs_after(&self, reserved_to: i64) -> bool {
+        self.first > reserved_to
+    }
+}
+
 impl Series {
     pub fn new(offset: i64, increment: i64) -> Result<Series, TicketsError> {
         if increment < 1 || !(1..=increment).contains(&offset) {
@@ -170,6 +181,17 @@ pub fn next_step(step: i64, lasted_ms: u64, min: i64, max: i64, fast_ms: u64, sl
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_segment_reserved_before_one_installed_is_a_gap() {
+        // #31 item 9: two workers of one database; the later segment went
+        // in first, then the earlier one arrived.
+        let (earlier, later) = (Segment { first: 101, last: 110 }, Segment { first: 111, last: 120 });
+        assert!(earlier.installs_after(100));
+        assert!(later.installs_after(110));
+        assert!(!earlier.installs_after(later.last), "an earlier segment after a later one would go back");
+        assert!(!Segment { first: 120, last: 130 }.installs_after(120));
+    }
 
     #[test]
     fn a_series_needs_an_offset_within_its_increment() {

@@ -536,14 +536,23 @@ fn a_block_pool_never_uses_a_block_whose_standby_wait_was_cancelled() {
     assert!(first > 1000, "the first ID served, {first}, is above the cancelled block (pid {again} waited again)");
 }
 
-/// Found by review: a WARNING every backend sends when it loads the library
-/// (a registry without preload refusing a setting, 22023) is not about a
-/// commit. Counting it as a cancelled standby wait made every grant a lost
-/// reply: a generator leased id after id and issued nothing. Only a plain
-/// WARNING (01000) counts.
+/// Found by review: a WARNING in a grant's reply that is not about its
+/// commit (0.3.0: a registry without preload refusing a setting, 22023, at
+/// every backend's load of the library; 0.4.0 refuses such a session
+/// instead, so a warning trigger on the leases stands in) must not make the
+/// grant a lost reply: a generator leased id after id and issued nothing.
+/// Only a plain WARNING (01000) counts.
 #[test]
 fn a_registry_that_warns_at_every_backend_start_still_grants_one_lease() {
-    let registry = Cluster::start("client-warns", 55524, &["shared_preload_libraries = ''", "pg_ticket.lease_margin = '1 year'"]);
+    let registry = Cluster::start("client-warns", 55524, &["shared_preload_libraries = ''"]);
+    registry
+        .connect()
+        .batch_execute(
+            "CREATE FUNCTION pgticket.warn() RETURNS trigger LANGUAGE plpgsql AS
+               $$BEGIN RAISE WARNING 'not about the commit' USING ERRCODE = '22023'; RETURN NEW; END$$;
+             CREATE TRIGGER warns AFTER INSERT OR UPDATE ON pgticket.machine_id_leases FOR EACH ROW EXECUTE FUNCTION pgticket.warn();",
+        )
+        .unwrap();
     let generator = LeasedGenerator::start(GeneratorConfig::new(registry.dsn(), "warned")).unwrap();
     let grant = generator.wait_for_lease(Duration::from_secs(10)).expect("a lease despite the load-time WARNING");
     assert!(generator.next_id().is_ok());

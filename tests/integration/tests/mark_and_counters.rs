@@ -71,6 +71,14 @@ fn the_marks_standby_wait_holds_for_every_session_and_a_cancelled_or_terminated_
     other.batch_execute("SET statement_timeout = '2s'").unwrap();
     let err = other.query_one("SELECT snowflake_id()", &[]).unwrap_err();
     assert_eq!(sqlstate(&err), "57014", "another backend's mark write is waited for, until our own timeout: {err:?}");
+    // Waited out (10 s), the refusal names the standby wait, not the
+    // storage (#31 item 8: 0.3.0 said "the storage under the data
+    // directory may be stalled").
+    other.batch_execute("SET statement_timeout = '20s'").unwrap();
+    let err = other.query_one("SELECT snowflake_id()", &[]).unwrap_err();
+    assert_eq!(sqlstate(&err), "55000", "{err:?}");
+    let message = err.as_db_error().map(|e| e.message().to_string()).unwrap_or_default();
+    assert!(message.contains("synchronous standbys"), "{message}");
     // The writer's wait cancelled: a refusal, not an ID.
     admin.query_one("SELECT pg_cancel_backend($1)", &[&writer_pid]).unwrap();
     match writer.join().unwrap() {

@@ -14,7 +14,7 @@
 //! 18 → 18): Debian 12's 15.20 `initdb` writes an attoption that 16 and 18
 //! refuse, so 15 → 16/18 fails here for any cluster (PGRX-NOTES).
 
-use pg_ticket_integration::{owned_dir, pg_bindir, pg_tool, sqlstate, Cluster, CREATE_EXTENSION};
+use pg_ticket_integration::{owned_dir, pg_bindir, pg_tool, sqlstate, Cluster};
 use postgres::Client;
 use std::process::Command;
 
@@ -60,17 +60,27 @@ fn old_server(name: &str, port: u16) -> (Cluster, Issued) {
 /// `pg_upgrade` from `old` into it, with `--link` or (no option) in copy
 /// mode (`--copy` is not an option before 16).
 fn upgrade(old: &Cluster, name: &str, port: u16, link: bool) -> Cluster {
+    upgrade_preloading(old, name, port, link, true)
+}
+
+/// As `upgrade`; with `preload` false the new server preloads pg_ticket
+/// only after `pg_upgrade` (which then LOADs it to check it is there).
+fn upgrade_preloading(old: &Cluster, name: &str, port: u16, link: bool, preload: bool) -> Cluster {
     let dir = std::path::PathBuf::from(format!("/tmp/pgt-{name}"));
     owned_dir(&dir);
     let data = dir.join("data");
     pg_tool("initdb", &["-D", data.to_str().unwrap(), "-U", "postgres", "--auth=trust", "-E", "UTF8", "--locale=C.UTF-8"]);
+    let preload_line = if preload { "shared_preload_libraries = 'pg_ticket'\n" } else { "" };
     let conf = format!(
-        "port = {port}\nlisten_addresses = ''\nunix_socket_directories = '{}'\nshared_preload_libraries = 'pg_ticket'\n\
-         max_prepared_transactions = 10\nmax_connections = 60\n{SHARDS}\n{MACHINE}\n",
+        "port = {port}\nlisten_addresses = ''\nunix_socket_directories = '{}'\n{preload_line}\
+         max_prepared_transactions = 10\nmax_connections = 60\n",
         dir.display()
     );
-    let mut f = std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).unwrap();
-    std::io::Write::write_all(&mut f, conf.as_bytes()).unwrap();
+    let append = |text: &str| {
+        let mut f = std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).unwrap();
+        std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
+    };
+    append(&conf);
     let bin = pg_bindir().to_str().unwrap();
     // pg_upgrade writes its logs and sockets in its working directory.
     let mut cmd = if is_root() { Command::new("runuser") } else { Command::new(pg_bindir().join("pg_upgrade")) };
@@ -85,6 +95,10 @@ fn upgrade(old: &Cluster, name: &str, port: u16, link: bool) -> Cluster {
         .output()
         .unwrap();
     assert!(out.status.success(), "pg_upgrade (link: {link}) failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    if !preload {
+        append("shared_preload_libraries = 'pg_ticket'\n");
+    }
+    append(&format!("{SHARDS}\n{MACHINE}\n"));
     let new = Cluster::attach(&dir, port);
     new.up(None);
     new
@@ -176,10 +190,31 @@ fn pg_upgrade_in_copy_mode_with_the_files_carried_over_issues_above_the_old_serv
 #[test]
 fn pg_upgrade_in_link_mode_with_the_mark_vouched_for_issues_above_the_old_server() {
     let (old, issued) = old_server("upg-old-l", 55614);
-    let new = upgrade(&old, "upg-new-l", 55616, true);
+    // The new server preloads pg_ticket only after pg_upgrade.
+    let new = upgrade_preloading(&old, "upg-new-l", 55616, true, false);
     let mut db = new.connect();
     catalog_state_continues(&mut db, &issued);
     mark_and_book_refused(&mut db);
+    // A new database's first use is refused too: its mark would stand for
+    // the whole server (the review of the first cut: it stamped below the
+    // old server's IDs, and then every upgraded database did).
+    db.batch_execute("CREATE DATABASE fresh").unwrap();
+    let mut fresh = new.connect_as("postgres", "fresh");
+    fresh.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
+    let err = fresh.query_one("SELECT snowflake_id()", &[]).expect_err("no first use before the mark is vouched for");
+    assert_eq!(sqlstate(&err), "55000", "{err}");
+    assert!(format!("{:?}", err.as_db_error()).contains("pg_upgrade"), "{err:?}");
+    // Nor a shard's release: its point stands above the mark.
+    new.reload_shards("0,2-3");
+    let err = db.query_one("SELECT sharded_release(1)", &[]).expect_err("a release above a lost mark");
+    assert_eq!(sqlstate(&err), "55000", "{err}");
+    new.reload_shards("0-3");
+    // A vouch more than a day ahead (a typo) is refused: it would stop
+    // every snowflake until then.
+    for far in ["'infinity'", "now() + interval '2 days'"] {
+        let err = db.query_one(&format!("SELECT pgticket.raise_snowflake_mark({far})"), &[]).expect_err(far);
+        assert_eq!(sqlstate(&err), "22023", "{far}: {err}");
+    }
     // An ordinary role cannot vouch.
     db.batch_execute("CREATE ROLE plain LOGIN").unwrap();
     let mut plain = new.connect_as("plain", "postgres");
@@ -194,7 +229,7 @@ fn pg_upgrade_in_link_mode_with_the_mark_vouched_for_issues_above_the_old_server
     // Until the clock passes the vouched time, refused; then above.
     let err = db.query_one("SELECT snowflake_id()", &[]).expect_err("this clock is behind the time vouched for");
     assert_eq!(sqlstate(&err), "55000", "{err}");
-    drop((db, plain));
+    drop((db, plain, fresh));
     new.stop();
     let clock = new.dir.join("clock");
     std::fs::write(&clock, "+660s").unwrap();
@@ -202,55 +237,30 @@ fn pg_upgrade_in_link_mode_with_the_mark_vouched_for_issues_above_the_old_server
     let mut db = new.connect();
     db.query_one("SELECT sharded_accept(1, 0)", &[]).unwrap();
     issues_above(&mut db, &issued);
+    // The vouch was server-wide: the new database's first use is above too.
+    let first: i64 = new.connect_as("postgres", "fresh").query_one("SELECT snowflake_id()", &[]).unwrap().get(0);
+    assert!(first > issued.snowflake, "{first} vs the old server's {}", issued.snowflake);
     new.stop();
 }
 
-/// A new server given a dump of a database that made snowflakes: the
-/// database names the server that made them, this server's mark does not
-/// stand for it, so it refuses until vouched for in that database — also
-/// after a new database's first use has given this server a mark of its
-/// own (0.3.0 and the first cut of this fix served it then). A database of
-/// its own is not held up.
+/// A data directory restored without its mark file: in a database whose
+/// space was recorded (snowflakes were made for it), snowflakes are refused
+/// until the mark is back or vouched for; a new database's first use is a
+/// new server's and is served (only `pg_upgrade` is told apart, above).
 #[test]
-fn a_dump_restored_into_a_new_server_refuses_snowflakes_until_vouched_for() {
-    let src = Cluster::start("upg-dump-src", 55618, &[]);
-    let mut db = src.connect();
-    let made: i64 = db.query_one("SELECT snowflake_id()", &[]).unwrap().get(0);
-    let dump = src.dir.join("src.dump");
-    let conn = ["-h", src.dir.to_str().unwrap(), "-p", "55618", "-U", "postgres"];
-    pg_tool("pg_dump", &[&conn[..], &["-Fc", "-f", dump.to_str().unwrap(), "postgres"]].concat());
-    drop(db);
-    src.stop();
-
-    let dst = Cluster::start("upg-dump-dst", 55619, &[]);
-    let mut admin = dst.connect();
-    admin.batch_execute("CREATE DATABASE restored").unwrap();
-    admin.batch_execute("CREATE DATABASE fresh").unwrap();
-    let dconn = ["-h", dst.dir.to_str().unwrap(), "-p", "55619", "-U", "postgres"];
-    pg_tool("pg_restore", &[&dconn[..], &["-d", "restored", dump.to_str().unwrap()]].concat());
-    let mut restored = dst.connect_as("postgres", "restored");
-    let refused = |db: &mut Client| {
-        let err = db.query_one("SELECT snowflake_id()", &[]).expect_err("the restored database's IDs were made by another server");
-        assert_eq!(sqlstate(&err), "55000", "{err}");
-        let text = format!("{:?}", err.as_db_error());
-        assert!(text.contains("system identifier") && text.contains("raise_snowflake_mark"), "{text}");
-    };
-    refused(&mut restored);
-    let mut fresh = dst.connect_as("postgres", "fresh");
-    fresh.batch_execute(CREATE_EXTENSION).unwrap();
-    fresh.query_one("SELECT snowflake_id()", &[]).expect("a new database's first use is not held up");
-    refused(&mut restored);
-    drop(restored);
-    let mut restored = dst.connect_as("postgres", "restored");
-    refused(&mut restored);
-    // Vouched for (a server of another machine id: now()), in that database.
-    restored.query_one("SELECT pgticket.raise_snowflake_mark(now())", &[]).unwrap();
-    let next: i64 = restored.query_one("SELECT snowflake_id()", &[]).unwrap().get(0);
-    assert!(next > made, "{next} after the vouch, the source made {made}");
-    // The vouch is in the mark: it holds after a restart.
-    drop((restored, fresh, admin));
-    dst.stop();
-    dst.up(None);
-    dst.connect_as("postgres", "restored").query_one("SELECT snowflake_id()", &[]).expect("vouched for across a restart");
-    dst.stop();
+fn a_server_whose_mark_file_is_gone_refuses_where_snowflakes_were_made() {
+    let c = Cluster::start("upg-nomark", 55618, &[MACHINE]);
+    let made: i64 = c.connect().query_one("SELECT max(snowflake_id()) FROM generate_series(1, 100)", &[]).unwrap().get(0);
+    c.stop();
+    std::fs::remove_file(c.data_dir().join("pg_ticket_snowflake.mark")).unwrap();
+    c.up(None);
+    let mut db = c.connect();
+    let err = db.query_one("SELECT snowflake_id()", &[]).expect_err("snowflakes were made here");
+    assert_eq!(sqlstate(&err), "55000", "{err}");
+    let text = format!("{:?}", err.as_db_error());
+    assert!(text.contains("pg_ticket_snowflake.mark") && text.contains("raise_snowflake_mark"), "{text}");
+    db.query_one("SELECT pgticket.raise_snowflake_mark(now())", &[]).unwrap();
+    let next: i64 = db.query_one("SELECT snowflake_id()", &[]).unwrap().get(0);
+    assert!(next > made);
+    c.stop();
 }

@@ -343,6 +343,10 @@ fn a_cancelled_or_terminated_standby_wait_hands_out_nothing_of_that_reservation(
     for end in ["pg_cancel_backend", "pg_terminate_backend"] {
         let err = db.query_one("SELECT next_ticket('sr', 'd')", &[]).unwrap_err();
         assert_eq!(sqlstate(&err), "55000", "the worker's commit waits for the standby: {err:?}");
+        // The refusal names the standby wait (#31 item 8: 0.3.0 said the
+        // worker was "not keeping up or not running").
+        let message = err.as_db_error().map(|e| e.message().to_string()).unwrap_or_default();
+        assert!(message.contains("synchronous standbys"), "{message}");
         let ended: i64 = db
             .query_one(
                 &format!(

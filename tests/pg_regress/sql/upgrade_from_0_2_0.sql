@@ -5,6 +5,9 @@ CREATE EXTENSION pg_ticket VERSION '0.2.0';
 SELECT extversion FROM pg_extension WHERE extname = 'pg_ticket';
 SELECT next_scoped_id('made-by-0.2.0', 'd'), next_scoped_id('made-by-0.2.0', 'd');
 SELECT next_ticket('made-by-0.2.0', 'd') AS ticket_before;
+-- Snowflakes keep working before the update too (0.4.0's check of the
+-- server's own machine id read a column 0.2.0's leases table lacks).
+SELECT snowflake_id() > 0 AS stamps_before_update;
 -- 0.2.0's lease functions on this library: refused until the update (their
 -- leases would have no secret).
 \set VERBOSITY terse
