@@ -134,7 +134,7 @@ fn my_database() -> u32 {
 /// The slot of a scope and its generation: the backend's memory of it, or
 /// the directory's, or a slot given to it now (the least recently used one
 /// if none is free: its cached rest becomes a gap).
-fn locate(scope: &ScopeId<'_>) -> (usize, u64) {
+fn locate(scope: &ScopeId<'_>, before_placing: impl FnOnce()) -> (usize, u64) {
     let known = KNOWN.with(|k| {
         k.borrow()
             .get(&scope.hash)
@@ -144,7 +144,10 @@ fn locate(scope: &ScopeId<'_>) -> (usize, u64) {
     if let Some(found) = known {
         return found;
     }
-    let found = find(scope, false).unwrap_or_else(|| find(scope, true).expect("an exclusive find always places the scope"));
+    let found = find(scope, false).unwrap_or_else(|| {
+        before_placing();
+        find(scope, true).expect("an exclusive find always places the scope")
+    });
     KNOWN.with(|k| {
         let mut k = k.borrow_mut();
         if k.len() >= LOCAL_MAX {
@@ -156,6 +159,33 @@ fn locate(scope: &ScopeId<'_>) -> (usize, u64) {
         );
     });
     found
+}
+
+/// A role at `pg_ticket.max_scopes_per_role` asking for a ticket scope
+/// that has no row would be refused by the worker (53400): refused here,
+/// before the scope takes a cache slot (#31 item 4: 0.3.0 placed each such
+/// name first, and a role past its cap evicted the other roles' cached
+/// scopes with names it could never make). One read of the role's count,
+/// and for a role at its cap one of the tickets table, only when a scope
+/// is placed.
+fn refuse_a_new_scope_past_the_cap(queue: Name<'_>, domain: Name<'_>) {
+    let role = crate::quota::creator();
+    let Err(refusal) = crate::quota::check_room(role) else { return };
+    let exists = state_tables::as_owner_of(state_tables::tickets(), || {
+        Spi::connect(|client| {
+            client
+                .select(
+                    "SELECT 1 FROM pgticket.tickets WHERE queue OPERATOR(pg_catalog.=) $1 AND domain OPERATOR(pg_catalog.=) $2",
+                    Some(1),
+                    &[queue.to_datum(), domain.to_datum()],
+                )
+                .map(|rows| !rows.is_empty())
+        })
+    })
+    .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot read pgticket.tickets: {e}"));
+    if !exists {
+        refusal.about(crate::names::label("ticket scope", queue, Some(domain))).raise();
+    }
 }
 
 fn forget(hash: u64) {
@@ -232,7 +262,7 @@ fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
     let scope = scope_id(key);
     let mut deadline = None;
     loop {
-        let (i, generation) = locate(&scope);
+        let (i, generation) = locate(&scope, || refuse_a_new_scope_past_the_cap(queue, domain));
         let slot = &shmem::slots()[i];
         let mut g = slot.lock();
         if slot.generation.load(Ordering::Acquire) != generation || !g.matches(&scope) {
@@ -363,6 +393,12 @@ fn wait_for_segment(i: usize, generation: u64, db: u32, deadline: Instant, queue
             } else if let Some(waited_ms) = worker::commit_wait_ms(db) {
                 format!(
                     "the ticket worker of this database has been waiting {waited_ms} ms for its commit to be confirmed by the synchronous standbys (synchronous_standby_names): a standby is gone or slow"
+                )
+            } else if worker::waits_in_line(db) {
+                format!(
+                    "this database waits for a ticket worker: pg_ticket.max_ticket_workers ({}) serve other databases, and one retires for it at most every {} ms",
+                    settings::max_ticket_workers(),
+                    worker::TENURE_MS
                 )
             } else {
                 "the ticket worker of this database is not keeping up or not running".to_string()

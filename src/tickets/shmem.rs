@@ -70,6 +70,9 @@ pub enum Failure {
 pub struct SlotData {
     pub in_use: bool,
     pub db: u32,
+    /// Who it counts against in the sweep: the role that placed it, in its
+    /// database (`directory::owner_of`).
+    pub owner: u32,
     /// The tickets table's relation id.
     pub table: u32,
     pub hash: u64,
@@ -160,6 +163,7 @@ impl SlotData {
         SlotData {
             in_use: false,
             db: 0,
+            owner: 0,
             table: 0,
             hash: 0,
             key_len: 0,
@@ -295,6 +299,7 @@ struct DirState {
     hand: usize,
     free_len: usize,
     active_dbs: u32,
+    active_owners: u32,
 }
 
 #[repr(C)]
@@ -306,7 +311,21 @@ pub struct Header {
     pub clock: AtomicU64,
     pub cv: pg_sys::ConditionVariable,
     pub workers: [WorkerSlot; MAX_WORKERS],
+    /// Databases that need a worker while every worker slot is taken (SPEC
+    /// §13.11): the longest-serving worker retires for them, and the one
+    /// that waited longest takes the slot (`worker::start`). Changed under
+    /// the directory lock (exclusive), read lock-free.
+    pub waiting: [WaitingDb; MAX_WORKERS],
     dir: UnsafeCell<DirState>,
+}
+
+/// A database waiting for a ticket worker: since when, and when a backend
+/// last asked for it (monotonic ms). 0: none.
+#[derive(Default)]
+pub struct WaitingDb {
+    pub db: AtomicU32,
+    pub since_ms: AtomicU64,
+    pub asked_ms: AtomicU64,
 }
 
 static mut SHARED: *mut Header = std::ptr::null_mut();
@@ -322,9 +341,15 @@ fn offsets(nslots: usize) -> (usize, usize, usize, usize, usize) {
     let slots = std::mem::size_of::<Header>();
     let index = slots + nslots * std::mem::size_of::<Slot>();
     let dbs = index + buckets * std::mem::size_of::<Bucket>();
-    let free = dbs + buckets * std::mem::size_of::<DbBucket>();
+    // The owners' counts follow the databases' (same size): `owners_at`.
+    let free = dbs + 2 * buckets * std::mem::size_of::<DbBucket>();
     let end = free + nslots * std::mem::size_of::<u32>();
     (slots, index, dbs, free, end)
+}
+
+/// Where the owners' counts start: after the databases'.
+fn owners_at(nslots: usize) -> usize {
+    offsets(nslots).2 + directory::buckets_for(nslots) * std::mem::size_of::<DbBucket>()
 }
 
 fn size(nslots: usize) -> usize {
@@ -446,16 +471,17 @@ impl Directory {
         assert!(self.exclusive, "the directory is changed under its exclusive lock");
         let (slots, n, buckets) = (slots(), header().nslots, self.buckets());
         let (_, index_at, dbs_at, free_at, _) = offsets(n);
+        let owner = directory::owner_of(scope.db, crate::quota::creator().to_u32());
         // SAFETY: held exclusively: nobody else reads or writes these.
-        let (state, dbs, free) = unsafe { (&mut *header().dir.get(), &mut *array::<DbBucket>(dbs_at, buckets), &mut *array::<u32>(free_at, n)) };
+        let (state, owners, free) = unsafe { (&mut *header().dir.get(), &mut *array::<DbBucket>(owners_at(n), buckets), &mut *array::<u32>(free_at, n)) };
         let i = if state.free_len > 0 {
             state.free_len -= 1;
             free[state.free_len] as usize
         } else {
-            let counts = DbCounts { table: dbs, active: &mut state.active_dbs };
-            directory::sweep(&mut state.hand, n, scope.db, &counts, |i| {
+            let counts = DbCounts { table: owners, active: &mut state.active_owners };
+            directory::sweep(&mut state.hand, n, owner, &counts, |i| {
                 let mut g = slots[i].lock();
-                let view = SlotView { in_use: g.in_use, db: g.db, referenced: g.referenced };
+                let view = SlotView { in_use: g.in_use, db: g.owner, referenced: g.referenced };
                 g.referenced = false;
                 view
             })
@@ -466,6 +492,7 @@ impl Directory {
         g.reset();
         g.in_use = true;
         g.db = scope.db;
+        g.owner = owner;
         g.table = scope.table;
         g.hash = scope.hash;
         g.key_len = scope.key.len() as u16;
@@ -482,6 +509,9 @@ impl Directory {
         let (index, dbs, state) = unsafe { (&mut *array::<Bucket>(index_at, buckets), &mut *array::<DbBucket>(dbs_at, buckets), &mut *header().dir.get()) };
         directory::insert(index, scope.hash, i);
         DbCounts { table: dbs, active: &mut state.active_dbs }.add(scope.db);
+        // SAFETY: held exclusively.
+        let owners = unsafe { &mut *array::<DbBucket>(owners_at(n), buckets) };
+        DbCounts { table: owners, active: &mut state.active_owners }.add(owner);
         (i, generation)
     }
 
@@ -500,9 +530,9 @@ impl Directory {
         assert!(self.exclusive, "the directory is changed under its exclusive lock");
         let (slots, n, buckets) = (slots(), header().nslots, self.buckets());
         let (_, index_at, dbs_at, _, _) = offsets(n);
-        let (in_use, db) = {
+        let (in_use, db, owner) = {
             let g = slots[i].lock();
-            (g.in_use, g.db)
+            (g.in_use, g.db, g.owner)
         };
         if !in_use {
             return;
@@ -511,6 +541,9 @@ impl Directory {
         let (index, dbs, state) = unsafe { (&mut *array::<Bucket>(index_at, buckets), &mut *array::<DbBucket>(dbs_at, buckets), &mut *header().dir.get()) };
         directory::remove(index, slots[i].key_hash.load(Ordering::Relaxed), i, |j| slots[j].key_hash.load(Ordering::Relaxed));
         DbCounts { table: dbs, active: &mut state.active_dbs }.take(db);
+        // SAFETY: held exclusively.
+        let owners = unsafe { &mut *array::<DbBucket>(owners_at(n), buckets) };
+        DbCounts { table: owners, active: &mut state.active_owners }.take(owner);
         let mut g = slots[i].lock();
         g.reset();
         slots[i].generation.fetch_add(1, Ordering::AcqRel);

@@ -77,9 +77,94 @@ pub fn request(db: u32, slot: usize) -> Result<(), TicketError> {
     start(db, slot)
 }
 
+/// A waiting database not asked for again within this long no longer waits.
+const WAITING_FORGOTTEN_MS: u64 = 1_000;
+/// A worker serves at least this long before it retires for a waiting
+/// database: the bound on the wait is about this times the databases
+/// ahead, divided among the workers.
+pub const TENURE_MS: u64 = 500;
+
+/// Which waiting database is first for a free worker slot (the longest
+/// waiting, still asked for), if any; entries no longer asked for go.
+fn waiting_order(now: u64) -> Option<u32> {
+    let waiting = &shmem::header().waiting;
+    let mut first: Option<(u64, u32)> = None;
+    for w in waiting {
+        let d = w.db.load(Ordering::Acquire);
+        if d == 0 {
+            continue;
+        }
+        if now.saturating_sub(w.asked_ms.load(Ordering::Acquire)) > WAITING_FORGOTTEN_MS {
+            w.db.store(0, Ordering::Release);
+            continue;
+        }
+        let since = w.since_ms.load(Ordering::Acquire);
+        if first.is_none_or(|(s, _)| since < s) {
+            first = Some((since, d));
+        }
+    }
+    first.map(|(_, d)| d)
+}
+
+/// `db` waits for a worker: its entry refreshed, or made.
+fn wait_in_line(db: u32, now: u64) {
+    let waiting = &shmem::header().waiting;
+    if let Some(w) = waiting.iter().find(|w| w.db.load(Ordering::Acquire) == db) {
+        w.asked_ms.store(now, Ordering::Release);
+        return;
+    }
+    if let Some(w) = waiting.iter().find(|w| w.db.load(Ordering::Acquire) == 0) {
+        w.since_ms.store(now, Ordering::Release);
+        w.asked_ms.store(now, Ordering::Release);
+        w.db.store(db, Ordering::Release);
+    }
+    // Wake the workers: the longest-serving one retires for it.
+    for w in &shmem::header().workers {
+        let latch = w.latch.load(Ordering::Acquire);
+        if w.pid.load(Ordering::Acquire) != 0 && !latch.is_null() {
+            unsafe { pg_sys::SetLatch(latch) };
+        }
+    }
+}
+
+/// Is `db` waiting for a worker slot (for a backend's message)?
+pub fn waits_in_line(db: u32) -> bool {
+    shmem::header().waiting.iter().any(|w| w.db.load(Ordering::Acquire) == db)
+}
+
+fn leave_the_line(db: u32) {
+    for w in &shmem::header().waiting {
+        if w.db.load(Ordering::Acquire) == db {
+            w.db.store(0, Ordering::Release);
+        }
+    }
+}
+
+/// Should the worker `me` retire now for a database that waits for a
+/// worker slot: one waits, `me` has served at least `TENURE_MS`, and no
+/// other worker has served longer.
+fn retire_for_a_waiting_database(me: &shmem::WorkerSlot) -> bool {
+    let now = monotonic_ms();
+    let mine = me.started_at_ms.load(Ordering::Acquire);
+    if now.saturating_sub(mine) < TENURE_MS {
+        return false;
+    }
+    let someone_waits = shmem::header().waiting.iter().any(|w| {
+        w.db.load(Ordering::Acquire) != 0 && now.saturating_sub(w.asked_ms.load(Ordering::Acquire)) <= WAITING_FORGOTTEN_MS
+    });
+    someone_waits
+        && shmem::header().workers.iter().all(|w| {
+            let theirs = w.started_at_ms.load(Ordering::Acquire);
+            std::ptr::eq(w, me) || w.db.load(Ordering::Acquire) == 0 || w.pid.load(Ordering::Acquire) == 0 || theirs >= mine
+        })
+}
+
 /// Start the worker of `db` for the request of `slot` (put in its queue:
 /// a new worker serves its queue, it does not scan the cache; other slots
-/// that asked before it started ask again while they wait).
+/// that asked before it started ask again while they wait). With every
+/// worker slot taken, `db` waits in line (SPEC §13.11: 0.3.0 refused it
+/// for as long as the other databases stayed busy): the longest-serving
+/// worker retires for the database that waited longest.
 fn start(db: u32, slot: usize) -> Result<(), TicketError> {
     let _dir = Directory::lock(true);
     let workers = &shmem::header().workers;
@@ -100,12 +185,13 @@ fn start(db: u32, slot: usize) -> Result<(), TicketError> {
     }
     let cap = settings::max_ticket_workers();
     let running = workers.iter().filter(|w| w.db.load(Ordering::Acquire) != 0).count();
-    let Some(w) = free.filter(|_| running < cap) else {
-        return Err(TicketError::TicketsUnavailable(format!(
-            "ticket workers serve at most pg_ticket.max_ticket_workers ({cap}) databases at once, and that many are running; \
-             a worker idle for 10 s exits"
-        )));
+    let now = monotonic_ms();
+    let first_in_line = waiting_order(now);
+    let Some(w) = free.filter(|_| running < cap && first_in_line.is_none_or(|first| first == db)) else {
+        wait_in_line(db, now);
+        return Ok(()); // its backends ask again while they wait
     };
+    leave_the_line(db);
     w.pid.store(0, Ordering::Release);
     w.latch.store(std::ptr::null_mut(), Ordering::Release);
     // What the entry's queue holds is still asked for (an entry of another
@@ -191,6 +277,12 @@ pub extern "C-unwind" fn ticket_worker_main(arg: pg_sys::Datum) {
     }
     let mut last_work = std::time::Instant::now();
     loop {
+        if retire_for_a_waiting_database(me) {
+            // Its slot goes to the database that waited longest; this
+            // database's backends ask again, and wait in line.
+            unsafe { release(0, pg_sys::Datum::from(db)) };
+            break;
+        }
         if serve(db, me) {
             last_work = std::time::Instant::now();
         } else if last_work.elapsed() > IDLE_EXIT {

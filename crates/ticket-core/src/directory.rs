@@ -7,15 +7,18 @@
 //! - Free slots are a stack.
 //! - With none free, a CLOCK sweep (second chance: a slot used since the
 //!   hand last passed is spared once) picks a victim, and spares every slot
-//!   of a database holding no more than `MIN_SPARED` slots or half its fair
-//!   share (the slots divided by the databases holding any), whichever is
-//!   more: a flood of new scopes from one database evicts its own, and
-//!   never empties another's cache — however many databases join in. A
+//!   of an owner — a role of a database (`owner_of`) — holding no more
+//!   than `MIN_SPARED` slots or half its fair share (the slots divided by
+//!   the owners holding any), whichever is more: a flood of new scopes
+//!   from one role evicts its own, and never empties another role's cache,
+//!   of its database or another (0.3.0 spared by database only: one role
+//!   flooding evicted the other roles of its database) — however many
+//!   join in. A
 //!   sweep looks at `WINDOW` slots at most before it settles for a slot
 //!   used lately, and gives up sparing after `SWEEP_MAX`, so no placement
 //!   costs more than that whatever the size of the cache.
-//! - The slots each database holds are counted in a second open-addressing
-//!   table keyed by database.
+//! - The slots each owner holds, and each database, are counted in
+//!   open-addressing tables keyed by owner and by database (`DbCounts`).
 //!
 //! The caller keeps these arrays (shared memory in the server) and holds
 //! the directory lock around every call: shared for `lookup`, exclusive for
@@ -92,7 +95,15 @@ pub fn remove(index: &mut [Bucket], hash: u64, slot: usize, hash_of: impl Fn(usi
     index[hole] = 0;
 }
 
-/// The slots each database holds.
+/// Who a slot counts against in the sweep: the role that placed it in its
+/// database, as one non-zero key (a clash of two owners merges their
+/// counts: less fair to them, never a wrong scope).
+pub fn owner_of(db: u32, role: u32) -> u32 {
+    let mixed = (u64::from(db) << 32 | u64::from(role)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    ((mixed >> 32) as u32).max(1)
+}
+
+/// The slots each database (or owner) holds.
 pub struct DbCounts<'a> {
     pub table: &'a mut [DbBucket],
     /// Databases holding at least one slot.
@@ -172,12 +183,14 @@ pub const SWEEP_MAX: usize = 4 * WINDOW;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SlotView {
     pub in_use: bool,
+    /// Its owner (`owner_of`).
     pub db: u32,
     /// Used since the hand last passed it.
     pub referenced: bool,
 }
 
-/// The slot a scope of database `db` takes when none is free: from the
+/// The slot a scope of owner `db` (`owner_of`; the counts are the owners')
+/// takes when none is free: from the
 /// hand on, a slot not in use, else the first neither spared nor used since
 /// the hand last passed (`look` clears that bit as the hand passes: its
 /// second chance). After `WINDOW` slots it settles for the first one not
@@ -212,6 +225,14 @@ pub fn sweep(hand: &mut usize, slots: usize, db: u32, counts: &DbCounts<'_>, mut
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn owners_of_one_database_are_told_apart_and_never_zero() {
+        assert_ne!(owner_of(5, 10), owner_of(5, 11));
+        assert_ne!(owner_of(5, 10), owner_of(6, 10));
+        assert_eq!(owner_of(5, 10), owner_of(5, 10));
+        assert!((0..1000).all(|r| owner_of(1, r) != 0));
+    }
 
     fn hash(n: u64) -> u64 {
         n.wrapping_mul(0x2545_F491_4F6C_DD1D) ^ (n << 7)

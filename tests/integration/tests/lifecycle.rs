@@ -85,31 +85,20 @@ fn one_reservation_is_capped_by_a_ceiling_only_a_superuser_raises() {
 }
 
 /// Found by review: any role with CONNECT could pin one ticket worker per
-/// database until background-worker slots ran out for parallel query.
+/// database until background-worker slots ran out for parallel query. The
+/// cap holds; a database beyond it waits in line for a worker to retire
+/// (0.4.0, #31 item 3: 0.3.0 refused it, 55000).
 #[test]
 fn ticket_workers_are_capped_by_their_own_setting() {
     let c = Cluster::start("lifecycle-workers", 55479, &["pg_ticket.max_ticket_workers = 2", "max_worker_processes = 16"]);
     let mut dbs: Vec<Client> = (0..3).map(|i| c.fresh_db(&format!("l_workers_{i}"))).collect();
-    let mut served = 0;
-    let mut refused = Vec::new();
+    let mut admin = c.connect();
     for db in dbs.iter_mut() {
-        match db.query_one("SELECT next_ticket('w', 'd')", &[]) {
-            Ok(_) => served += 1,
-            Err(e) => refused.push(e),
-        }
+        db.query_one("SELECT next_ticket('w', 'd')", &[]).expect("served, at once or after waiting in line");
+        let workers: i64 =
+            admin.query_one("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_ticket tickets'", &[]).unwrap().get(0);
+        assert!(workers <= 2, "{workers} ticket workers run; the cap is 2");
     }
-    let workers: i64 = c
-        .connect()
-        .query_one("SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_ticket tickets'", &[])
-        .unwrap()
-        .get(0);
-    assert!(workers <= 2, "{workers} ticket workers run; the cap is 2");
-    assert!(served >= 1, "the first database is served");
-    for e in &refused {
-        assert_eq!(sqlstate(e), "55000", "{e:?}");
-        assert!(e.as_db_error().unwrap().message().contains("pg_ticket.max_ticket_workers (2)"), "{e:?}");
-    }
-    assert!(!refused.is_empty(), "a third database finds the cap (served {served})");
     drop(dbs);
     c.stop();
 }

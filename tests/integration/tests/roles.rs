@@ -314,3 +314,105 @@ fn an_accept_ahead_or_before_the_epoch_stalls_no_one() {
     assert!(started.elapsed() < std::time::Duration::from_secs(2), "{:?}", started.elapsed());
     c.stop();
 }
+
+/// #31 item 4: (a) every new name of a role at `max_scopes_per_role` was
+/// refused (53400), yet first took a ticket-cache slot, evicting other
+/// roles' cached scopes (with 64 slots the victim lost most of them); (b)
+/// the cache's fairness held between databases only, so a role flooding
+/// new names evicted the other roles of its database. Now a refused name
+/// takes no slot, and each role of a database keeps 16 slots or half its
+/// fair share, as each database did.
+#[test]
+fn a_flooding_role_never_empties_another_roles_cache() {
+    let c = Cluster::start(
+        "role-flood",
+        55629,
+        &["pg_ticket.ticket_cache_scopes = 64", "pg_ticket.ticket_step_min = 5", "pg_ticket.max_scopes_per_role = 1000"],
+    );
+    let mut admin = c.connect();
+    admin
+        .batch_execute(
+            "CREATE ROLE victim LOGIN; CREATE ROLE capped LOGIN; CREATE ROLE flooder LOGIN;
+             ALTER ROLE capped SET pg_ticket.max_scopes_per_role = 5;",
+        )
+        .unwrap();
+    let mut victim = c.connect_as("victim", "postgres");
+    let use_all = |v: &mut Client| v.batch_execute("SELECT next_ticket('v', 'scope-' || n) FROM generate_series(1, 20) n").unwrap();
+    use_all(&mut victim);
+    let kept = |a: &mut Client| -> i64 { a.query_one("SELECT count(*) FROM pgticket.ticket_cache WHERE queue = 'v'", &[]).unwrap().get(0) };
+    assert_eq!(kept(&mut admin), 20);
+
+    // (a) A role at its cap: 5 names, then 300 refused ones.
+    let mut capped = c.connect_as("capped", "postgres");
+    capped.batch_execute("SELECT next_ticket('c', 'n' || n) FROM generate_series(1, 5) n").unwrap();
+    for n in 6..306 {
+        let err = capped.query_one(&format!("SELECT next_ticket('c', 'n{n}')"), &[]).expect_err("past the cap");
+        assert_eq!(sqlstate(&err), "53400", "{err}");
+    }
+    assert_eq!(kept(&mut admin), 20, "refused names took no slot");
+    let capped_slots: i64 = admin.query_one("SELECT count(*) FROM pgticket.ticket_cache WHERE queue = 'c'", &[]).unwrap().get(0);
+    assert!(capped_slots <= 5, "{capped_slots} slots for 5 names");
+    // Its existing names still work at the cap.
+    capped.query_one("SELECT next_ticket('c', 'n1')", &[]).unwrap();
+
+    // (b) A role under its cap floods the same database.
+    let mut flooder = c.connect_as("flooder", "postgres");
+    for round in 0..5 {
+        use_all(&mut victim);
+        flooder.batch_execute(&format!("SELECT next_ticket('f', 'r{round}-' || n) FROM generate_series(1, 100) n")).unwrap();
+    }
+    let kept_now = kept(&mut admin);
+    assert!(kept_now >= 16, "the victim kept {kept_now} of its 20 cached scopes (each role keeps 16, or half its fair share)");
+    c.stop();
+}
+
+/// #31 item 3: with `max_ticket_workers` databases kept busy (a new scope
+/// now and then each, so their workers never idle out), another database's
+/// `next_ticket` was refused for as long as they stayed busy (25 of 25
+/// calls in 25 s). Now it waits in line and the longest-serving worker
+/// retires for it: every call is served, each within a bound.
+#[test]
+fn busy_databases_never_keep_another_from_a_ticket_worker() {
+    let c = Cluster::start("role-workers", 55630, &["pg_ticket.max_ticket_workers = 2", "max_worker_processes = 16"]);
+    let busy: Vec<String> = (1..=2).map(|k| format!("busy{k}")).collect();
+    for name in &busy {
+        drop(c.fresh_db(name));
+    }
+    drop(c.fresh_db("victim"));
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let attackers: Vec<_> = busy
+        .iter()
+        .map(|name| {
+            let dsn = c.dsn_as("postgres", name);
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                let mut db = Client::connect(&dsn, postgres::NoTls).unwrap();
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    n += 1;
+                    let _ = db.query_one(&format!("SELECT next_ticket('a', 'n{n}')"), &[]);
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+            })
+        })
+        .collect();
+    std::thread::sleep(std::time::Duration::from_millis(1_500));
+    let mut victim = c.connect_as("postgres", "victim");
+    let mut took = Vec::new();
+    for n in 0..8 {
+        let started = std::time::Instant::now();
+        victim
+            .query_one(&format!("SELECT next_ticket('v', 'n{n}')"), &[])
+            .unwrap_or_else(|e| panic!("call {n} of the victim refused while the others are busy: {e}"));
+        took.push(started.elapsed());
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for a in attackers {
+        a.join().unwrap();
+    }
+    took.sort();
+    let worst = *took.last().unwrap();
+    assert!(worst < std::time::Duration::from_secs(3), "the victim waited up to {worst:?}: {took:?}");
+    c.stop();
+}
