@@ -275,3 +275,4 @@ cost() { awk -v off="$1" -v on="$2" 'BEGIN { printf "%+.1f%%", 100 * (on - off) 
 "$root/scripts/cluster.sh" stop "$dir"
 trap - EXIT
 "$root/scripts/bench-directory.sh" | tee -a "$report"
+"$root/scripts/bench-victims.sh" | tee -a "$report"

@@ -115,26 +115,6 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
                 spaces = committed_spaces(table.oid);
             }
             if spaces.is_empty() {
-                // Leases not yet free with no space recorded: the table was
-                // emptied under them, and their holders stamp in a space
-                // no longer known.
-                let live = client
-                    .select(
-                        "SELECT EXISTS (SELECT FROM pgticket.machine_id_leases \
-                          WHERE expires_at OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => \
-                                COALESCE(margin_ms, 600000) OPERATOR(pg_catalog./) 1000.0) \
-                                OPERATOR(pg_catalog.>) pg_catalog.now())",
-                        None,
-                        &[],
-                    )?
-                    .first()
-                    .get_one::<bool>()?
-                    .unwrap_or(false);
-                if live {
-                    return Ok(Err(TicketError::BadConfiguration(
-                        "pgticket.id_space is empty while leases of this registry are not yet free: it was emptied under them; restore its row (the space those holders stamp in), or wait until their ids are free".into(),
-                    )));
-                }
                 // The first use records the space, with no lock held
                 // across the caller's transaction (SPEC §13.11: a first
                 // use left open or prepared stalled every other one): it
@@ -151,12 +131,35 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
                     None,
                     &[mine.epoch_unix_ms.into(), (mine.machine_bits as i32).into()],
                 )?;
-                if let Some(other) = spaces_in_progress_too(table.oid).into_iter().find(|s| *s != mine) {
+                // Leases not yet free, before the rows are looked at: a
+                // lease another first use committed is seen with its row.
+                let live = client
+                    .select(
+                        "SELECT EXISTS (SELECT FROM pgticket.machine_id_leases \
+                          WHERE expires_at OPERATOR(pg_catalog.+) pg_catalog.make_interval(secs => \
+                                COALESCE(margin_ms, 600000) OPERATOR(pg_catalog./) 1000.0) \
+                                OPERATOR(pg_catalog.>) pg_catalog.now())",
+                        None,
+                        &[],
+                    )?
+                    .first()
+                    .get_one::<bool>()?
+                    .unwrap_or(false);
+                let rows = rows_in_progress_too(table.oid);
+                if let Some(other) = rows.iter().find(|s| **s != mine) {
                     return Ok(Err(TicketError::Snowflake(SnowflakeError::OtherIdSpace {
                         location: "another transaction's first use of this database (pgticket.id_space, not yet committed)".into(),
-                        recorded: other,
+                        recorded: *other,
                         configured: mine,
                     })));
+                }
+                // Leases with no row but this one: the table was emptied
+                // under them, and their holders stamp in a space no longer
+                // known.
+                if live && rows.len() <= 1 {
+                    return Ok(Err(TicketError::BadConfiguration(
+                        "pgticket.id_space is empty while leases of this registry are not yet free: it was emptied under them; restore its row (the space those holders stamp in), or wait until their ids are free".into(),
+                    )));
                 }
                 RECORDED_BY.set(unsafe { pg_sys::GetCurrentTransactionIdIfAny() });
                 spaces.push(mine);
@@ -180,16 +183,16 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
 /// The spaces in `pgticket.id_space` as committed now (a self snapshot: it
 /// sees what committed after this statement's snapshot was taken).
 fn committed_spaces(table: pg_sys::Oid) -> Vec<IdSpace> {
-    spaces_seen(table, pg_sys::SnapshotType::SNAPSHOT_SELF)
+    spaces_seen(table, pg_sys::SnapshotType::SNAPSHOT_SELF, true)
 }
 
-/// The spaces in `pgticket.id_space` as committed now or being inserted by
-/// a transaction in progress (a dirty snapshot).
-fn spaces_in_progress_too(table: pg_sys::Oid) -> Vec<IdSpace> {
-    spaces_seen(table, pg_sys::SnapshotType::SNAPSHOT_DIRTY)
+/// The space of each row of `pgticket.id_space` committed now or being
+/// inserted by a transaction in progress (a dirty snapshot), one per row.
+fn rows_in_progress_too(table: pg_sys::Oid) -> Vec<IdSpace> {
+    spaces_seen(table, pg_sys::SnapshotType::SNAPSHOT_DIRTY, false)
 }
 
-fn spaces_seen(table: pg_sys::Oid, seen_by: pg_sys::SnapshotType::Type) -> Vec<IdSpace> {
+fn spaces_seen(table: pg_sys::Oid, seen_by: pg_sys::SnapshotType::Type, distinct: bool) -> Vec<IdSpace> {
     const EPOCH_MS: i32 = 1;
     const MACHINE_BITS: i32 = 2;
     let mut spaces = Vec::new();
@@ -199,7 +202,7 @@ fn spaces_seen(table: pg_sys::Oid, seen_by: pg_sys::SnapshotType::Type) -> Vec<I
         let bits = unsafe { pg_sys::heap_getattr(tuple, MACHINE_BITS, desc, &mut bits_null) };
         if !epoch_null && !bits_null {
             let space = IdSpace { epoch_unix_ms: epoch.value() as i64, machine_bits: bits.value() as i32 as u32 };
-            if !spaces.contains(&space) {
+            if !distinct || !spaces.contains(&space) {
                 spaces.push(space);
             }
         }
