@@ -74,7 +74,7 @@ restart() { "$root/scripts/cluster.sh" stop "$dir"; "$root/scripts/cluster.sh" u
 psql -c "ALTER SYSTEM SET pg_ticket.machine_id = -1" -c "ALTER SYSTEM SET pg_ticket.registry = 'host=$dir port=$port user=postgres dbname=postgres'"
 restart
 # A registry holds off after every start; this one is new to its fleet.
-psql -c "SELECT end_lease_hold_off()" >/dev/null
+psql -c "SELECT pgticket.end_lease_hold_off()" >/dev/null
 for _ in $(seq 1 150); do
     [ "$(psql -At -c 'SELECT machine_id IS NOT NULL FROM pgticket.status')" = t ] && break
     sleep 0.2
@@ -90,7 +90,7 @@ in_backend ticket_1000000 "$(calls "next_ticket('bulk', 'run-%RUN%')" 1000000)"
 # Sharded IDs: one shard in one backend (the layout's cap is 1 024 000/s),
 # then shards in parallel, one backend each, against snowflake_id() from as
 # many backends (one shared state).
-psql -c "SELECT count(sharded_accept(s, 0)) FROM generate_series(0, 8) s" >/dev/null # new shards
+psql -c "SELECT count(pgticket.accept_shard(s, 0)) FROM generate_series(0, 8) s" >/dev/null # new shards
 in_backend sharded "$(calls 'sharded_id(1)' 2000000)"
 parallel_rate() { # backends statement-with-%I
     local n=$1 started ended
@@ -180,8 +180,8 @@ CREATE ROLE bench_open LOGIN;
 CREATE ROLE bench_tenant LOGIN;
 ALTER ROLE bench_tenant SET pg_ticket.scope_rights = on;
 -- 998 grants that cover nothing measured, then the two that do.
-SELECT count(grant_scope('bench_tenant', 'tenant-' || g, 'shop-' || g || '/*')) FROM generate_series(1, 998) g;
-SELECT grant_scope('bench_tenant', 'rights-*'), grant_scope('bench_tenant', 'bench-rights', 'shared');
+SELECT count(pgticket.grant_scope('bench_tenant', 'tenant-' || g, 'shop-' || g || '/*')) FROM generate_series(1, 998) g;
+SELECT pgticket.grant_scope('bench_tenant', 'rights-*'), pgticket.grant_scope('bench_tenant', 'bench-rights', 'shared');
 SQL
 for role in bench_open bench_tenant; do
     PGUSER=$role in_backend "rights_1M_$role" "$(calls "next_scoped_id('rights-$role', 'run-%RUN%')" 1000000)"

@@ -12,7 +12,7 @@ CREATE EXTENSION pg_ticket;
 -- This server is also a machine-id registry (docs/leases.md) for the
 -- ticket-client examples; a registry created holds off until its longest
 -- lease could have ended, unless an administrator vouches it is new:
-SELECT end_lease_hold_off();
+SELECT pgticket.end_lease_hold_off();
 
 -- Scoped IDs: one counter per (queue, domain), created on first use.
 SELECT '/queues/' || q || '/' || d || 's/' || next_scoped_id(q, d) AS url

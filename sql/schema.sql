@@ -77,7 +77,7 @@ SELECT pg_catalog.pg_extension_config_dump('pgticket.tickets', '');
 REVOKE ALL ON pgticket.scoped_counters, pgticket.blocks, pgticket.tickets FROM PUBLIC;
 
 CREATE VIEW pgticket.marks AS
-    SELECT 'scope'::text AS kind, queue, domain, NULL::text AS block_name, mark,
+    SELECT 'scoped_id'::text AS kind, queue, domain, NULL::text AS block_name, mark,
            max_mark - mark AS remaining, max_mark
       FROM pgticket.scoped_counters
     UNION ALL
@@ -174,7 +174,7 @@ ALTER TABLE pgticket.lease_registry ADD PRIMARY KEY (system_identifier, timeline
 -- it): this view names it, so an administrator can COMMIT or ROLLBACK
 -- PREPARED. Not granted to PUBLIC.
 CREATE VIEW pgticket.prepared_holders AS
-    SELECT p.gid, p.owner, p.prepared, 'scope'::text AS kind, c.queue, c.domain, NULL::text AS block_name
+    SELECT p.gid, p.owner, p.prepared, 'scoped_id'::text AS kind, c.queue, c.domain, NULL::text AS block_name
       FROM pg_catalog.pg_prepared_xacts p
       JOIN pgticket.scoped_counters c ON c.xmax OPERATOR(pg_catalog.=) p.transaction
      WHERE p.database OPERATOR(pg_catalog.=) pg_catalog.current_database()

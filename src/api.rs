@@ -76,7 +76,7 @@ fn current_block_mark(name: Option<Name<'_>>) -> i64 {
 
 /// Admin: move the mark of `(queue, domain)` forward to `mark` (never back),
 /// e.g. after restoring an old backup or importing from another system.
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(volatile, parallel_unsafe, schema = "pgticket")]
 fn advance_scoped_id(queue: Option<Name<'_>>, domain: Option<Name<'_>>, mark: Option<i64>) -> i64 {
     postgres_errors_as_raised(|| {
         let (queue, domain) = scope_args(queue, domain);
@@ -85,7 +85,7 @@ fn advance_scoped_id(queue: Option<Name<'_>>, domain: Option<Name<'_>>, mark: Op
 }
 
 /// Admin: move the mark of block counter `name` forward to `mark`.
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(name = "advance_block", volatile, parallel_unsafe, schema = "pgticket")]
 fn advance_block_mark(name: Option<Name<'_>>, mark: Option<i64>) -> i64 {
     postgres_errors_as_raised(|| {
         let name = name_arg("name", name);
@@ -96,7 +96,7 @@ fn advance_block_mark(name: Option<Name<'_>>, mark: Option<i64>) -> i64 {
 /// Admin: the highest value `(queue, domain)` may hand out (creating the
 /// scope if new), e.g. 2147483647 for a series feeding an `integer` column.
 /// Never below the values already handed out. Returns the limit.
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(name = "set_scoped_id_limit", volatile, parallel_unsafe, schema = "pgticket")]
 fn set_scoped_limit(queue: Option<Name<'_>>, domain: Option<Name<'_>>, max: Option<i64>) -> i64 {
     postgres_errors_as_raised(|| {
         let (queue, domain) = scope_args(queue, domain);
@@ -105,7 +105,7 @@ fn set_scoped_limit(queue: Option<Name<'_>>, domain: Option<Name<'_>>, max: Opti
 }
 
 /// Admin: the highest ID block counter `name` may reserve.
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(volatile, parallel_unsafe, schema = "pgticket")]
 fn set_block_limit(name: Option<Name<'_>>, max: Option<i64>) -> i64 {
     postgres_errors_as_raised(|| {
         let name = name_arg("name", name);
@@ -116,7 +116,7 @@ fn set_block_limit(name: Option<Name<'_>>, max: Option<i64>) -> i64 {
 /// Admin: close a scoped counter for good, keeping its mark (its limit
 /// becomes its mark: a later take is 2200H, and the name never counts from
 /// 1 again). The mark.
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(name = "retire_scoped_id", volatile, parallel_unsafe, schema = "pgticket")]
 fn retire_scope(queue: Option<Name<'_>>, domain: Option<Name<'_>>) -> i64 {
     postgres_errors_as_raised(|| {
         let (queue, domain) = scope_args(queue, domain);
@@ -125,7 +125,7 @@ fn retire_scope(queue: Option<Name<'_>>, domain: Option<Name<'_>>) -> i64 {
 }
 
 /// Admin: close a block name for good, keeping its mark. The mark.
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(volatile, parallel_unsafe, schema = "pgticket")]
 fn retire_block(name: Option<Name<'_>>) -> i64 {
     postgres_errors_as_raised(|| {
         let name = name_arg("name", name);
@@ -172,15 +172,3 @@ fn snowflake_max_id(at: Option<TimestampWithTimeZone>) -> i64 {
     snowflake::id_range_of_millisecond(unix_ms_of(at), "snowflake_max_id").1
 }
 
-extension_sql!(
-    r#"
-REVOKE EXECUTE ON FUNCTION advance_scoped_id(text, text, bigint) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION advance_block_mark(text, bigint) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION set_scoped_limit(text, text, bigint) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION set_block_limit(text, bigint) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION retire_scope(text, text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION retire_block(text) FROM PUBLIC;
-"#,
-    name = "admin_privileges",
-    finalize
-);

@@ -148,7 +148,7 @@ impl TicketError {
                 Some("Fix the system clock (NTP); pg_ticket never reuses a timestamp it has issued. With a leased machine id (pg_ticket.machine_id = -1) the floor may be the lease's not_before_ms (the server log's \"stamping above\"): the id's earlier holders' reported stamps and their leases' end plus pg_ticket.lease_margin.")
             }
             TicketError::Snowflake(SnowflakeError::DamagedMark { .. }) => Some(
-                "Stop the server, and replace the file with one line: a Unix time in milliseconds past every snowflake this server issued, then its space as snowflake_id_space() reports it, e.g. '1767225700000 epoch_ms=1767225600000 machine_bits=10' (a number alone is read as 0.2.0's 10 machine bits).",
+                "Stop the server, and replace the file with one line: a Unix time in milliseconds past every snowflake this server issued, then its space as pgticket.snowflake_id_space() reports it, e.g. '1767225700000 epoch_ms=1767225600000 machine_bits=10' (a number alone is read as 0.2.0's 10 machine bits).",
             ),
             TicketError::MarkWaitsForStandby { .. } => Some(
                 "A synchronous standby is gone or slow: bring it back, or remove it from synchronous_standby_names and reload. No ID is stamped under a mark the standbys have not confirmed.",
@@ -160,7 +160,7 @@ impl TicketError {
                 Some("Split the transaction; a superuser may raise pg_ticket.max_transaction_entries.")
             }
             TicketError::TooManyEntries(LimitReached::Memory { .. }) => Some("Split the transaction."),
-            TicketError::ValueDoesNotFit { .. } => Some("set_scoped_limit() keeps a series within a column's range."),
+            TicketError::ValueDoesNotFit { .. } => Some("pgticket.set_scoped_id_limit() keeps a series within a column's range."),
             TicketError::TooManyScopes { .. } => Some(
                 "Every scope and block name is a permanent row (its mark outlives any use), counted for the role that made it in this database. A superuser may raise pg_ticket.max_scopes_per_role (for a role: ALTER ROLE ... SET); existing scopes go on.",
             ),
@@ -171,13 +171,13 @@ impl TicketError {
                 Some("Release ids no longer used, let dead holders' leases expire, or widen pg_ticket.lease_ids.")
             }
             TicketError::Sharded(ShardError::Book(_)) => Some(
-                "The shard book pg_ticket_shards.book in the data directory says which shards this server accepted and released. A damaged one: stop the server and restore the file from a backup or the server's WAL (a standby's copy), or remove it and sharded_accept() each shard again above its last ID.",
+                "The shard book pg_ticket_shards.book in the data directory says which shards this server accepted and released. A damaged one: stop the server and restore the file from a backup or the server's WAL (a standby's copy), or remove it and pgticket.accept_shard() each shard again above its last ID.",
             ),
             TicketError::Sharded(ShardError::NotListed(_)) => Some(
-                "Add it to pg_ticket.shards and reload, then sharded_accept() it; a shard another server owned is taken over with sharded_release() there and sharded_accept() here.",
+                "Add it to pg_ticket.shards and reload, then pgticket.accept_shard() it; a shard another server owned is taken over with pgticket.release_shard() there and pgticket.accept_shard() here.",
             ),
             TicketError::NoScopeRight { .. } => Some(
-                "pg_ticket.scope_rights is on: an administrator grants a scope with grant_scope(role, queue, domain) and a block name with grant_block(role, name); pgticket.scope_grants lists the grants.",
+                "pg_ticket.scope_rights is on: an administrator grants a scope with pgticket.grant_scope(role, queue, domain) and a block name with pgticket.grant_block(role, name); pgticket.scope_grants lists the grants.",
             ),
             TicketError::InScope { error, .. } => error.hint(),
             _ => None,

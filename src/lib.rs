@@ -43,6 +43,14 @@ mod xact;
 ::pgrx::pg_module_magic!(name, version);
 
 extension_sql_file!("../sql/schema.sql", name = "schema", bootstrap);
+extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
+
+/// The extension's own schema (created by sql/schema.sql): administration,
+/// monitoring, the registry, shard handover and rights live here, the
+/// everyday allocators in the schema the extension is created in (SPEC
+/// §18.3). Functions name it with `#[pg_extern(schema = "pgticket")]`.
+#[pg_schema]
+mod pgticket {}
 
 /// Start-up, as pg_cron orders it: nothing during pg_upgrade (but mark a
 /// data directory it starts without a snowflake mark); settings;

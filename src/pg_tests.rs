@@ -147,7 +147,7 @@ mod tests {
             "SELECT reserve_block('b', NULL)",
             "SELECT current_scoped_id(NULL, 'd')",
             "SELECT snowflake_decode(NULL)",
-            "SELECT advance_scoped_id('q', 'd', NULL)",
+            "SELECT pgticket.advance_scoped_id('q', 'd', NULL)",
         ] {
             assert_eq!(sqlstate_of(stmt).as_deref(), Some("22004"), "{stmt}");
         }
@@ -176,12 +176,12 @@ mod tests {
 
     #[pg_test]
     fn counters_and_blocks_stop_at_the_top_with_2200h() {
-        assert_eq!(one_i64("SELECT advance_scoped_id('t-top', 'd', 9223372036854775806)"), i64::MAX - 1);
+        assert_eq!(one_i64("SELECT pgticket.advance_scoped_id('t-top', 'd', 9223372036854775806)"), i64::MAX - 1);
         assert_eq!(one_i64("SELECT next_scoped_id('t-top', 'd')"), i64::MAX);
         assert_eq!(sqlstate_of("SELECT next_scoped_id('t-top', 'd')").as_deref(), Some("2200H"));
         assert_eq!(one_i64("SELECT current_scoped_id('t-top', 'd')"), i64::MAX, "the mark is left as it was");
 
-        one_i64("SELECT advance_block_mark('t-top', 9223372036854775805)");
+        one_i64("SELECT pgticket.advance_block('t-top', 9223372036854775805)");
         assert_eq!(sqlstate_of("SELECT reserve_block('t-top', 3)").as_deref(), Some("2200H"));
         assert_eq!(one_i64("SELECT current_block_mark('t-top')"), i64::MAX - 2);
         assert_eq!(Spi::get_two::<i64, i64>("SELECT * FROM reserve_block('t-top', 2)").unwrap(), (Some(i64::MAX - 1), Some(i64::MAX)));
@@ -189,13 +189,13 @@ mod tests {
 
     #[pg_test]
     fn marks_move_forward_never_back() {
-        assert_eq!(one_i64("SELECT advance_scoped_id('t-adv', 'd', 100)"), 100);
+        assert_eq!(one_i64("SELECT pgticket.advance_scoped_id('t-adv', 'd', 100)"), 100);
         assert_eq!(one_i64("SELECT next_scoped_id('t-adv', 'd')"), 101);
-        assert_eq!(sqlstate_of("SELECT advance_scoped_id('t-adv', 'd', 50)").as_deref(), Some("22023"));
-        assert_eq!(one_i64("SELECT advance_scoped_id('t-adv', 'd', 101)"), 101, "moving to the same mark is allowed");
+        assert_eq!(sqlstate_of("SELECT pgticket.advance_scoped_id('t-adv', 'd', 50)").as_deref(), Some("22023"));
+        assert_eq!(one_i64("SELECT pgticket.advance_scoped_id('t-adv', 'd', 101)"), 101, "moving to the same mark is allowed");
         assert_eq!(one_i64("SELECT next_scoped_id('t-adv', 'd')"), 102);
-        assert_eq!(one_i64("SELECT advance_block_mark('t-adv', 10)"), 10);
-        assert_eq!(sqlstate_of("SELECT advance_block_mark('t-adv', 9)").as_deref(), Some("22023"));
+        assert_eq!(one_i64("SELECT pgticket.advance_block('t-adv', 10)"), 10);
+        assert_eq!(sqlstate_of("SELECT pgticket.advance_block('t-adv', 9)").as_deref(), Some("22023"));
         assert_eq!(Spi::get_two::<i64, i64>("SELECT * FROM reserve_block('t-adv', 5)").unwrap(), (Some(11), Some(15)));
     }
 
@@ -204,7 +204,7 @@ mod tests {
         Spi::run("SET LOCAL transaction_read_only = on").unwrap();
         assert_eq!(sqlstate_of("SELECT next_scoped_id('t-ro', 'd')").as_deref(), Some("25006"));
         assert_eq!(sqlstate_of("SELECT reserve_block('t-ro', 1)").as_deref(), Some("25006"));
-        assert_eq!(sqlstate_of("SELECT advance_scoped_id('t-ro', 'd', 5)").as_deref(), Some("25006"));
+        assert_eq!(sqlstate_of("SELECT pgticket.advance_scoped_id('t-ro', 'd', 5)").as_deref(), Some("25006"));
         assert_eq!(one_i64("SELECT current_scoped_id('t-ro', 'd')"), 0, "reading a mark is fine");
     }
 
@@ -253,7 +253,7 @@ mod tests {
         one_i64("SELECT next_scoped_id('t-view', 'd')");
         one_i64("SELECT first_id FROM reserve_block('t-view', 10)");
         let (mark, left) = Spi::get_two::<i64, i64>(
-            "SELECT mark, remaining FROM pgticket.marks WHERE kind = 'scope' AND queue = 't-view' AND domain = 'd'",
+            "SELECT mark, remaining FROM pgticket.marks WHERE kind = 'scoped_id' AND queue = 't-view' AND domain = 'd'",
         )
         .unwrap();
         assert_eq!((mark, left), (Some(1), Some(i64::MAX - 1)));
@@ -282,8 +282,8 @@ mod tests {
             "UPDATE pgticket.scoped_counters SET mark = 0",
             "DELETE FROM pgticket.blocks",
             "SELECT * FROM pgticket.scoped_counters",
-            "SELECT advance_scoped_id('t-priv', 'd', 1000)",
-            "SELECT advance_block_mark('t-priv', 1000)",
+            "SELECT pgticket.advance_scoped_id('t-priv', 'd', 1000)",
+            "SELECT pgticket.advance_block('t-priv', 1000)",
         ] {
             assert_eq!(sqlstate_of(stmt).as_deref(), Some("42501"), "{stmt}");
         }
@@ -319,7 +319,7 @@ mod tests {
         assert_eq!(n, 0);
         let public_can = Spi::get_one::<bool>(
             "SELECT bool_or(a.grantee = 0) FROM pg_proc p, aclexplode(p.proacl) a
-              WHERE p.proname IN ('advance_scoped_id', 'advance_block_mark') AND a.privilege_type = 'EXECUTE'",
+              WHERE p.proname IN ('advance_scoped_id', 'advance_block') AND a.privilege_type = 'EXECUTE'",
         )
         .unwrap();
         assert_eq!(public_can, Some(false), "admin functions are not executable by PUBLIC");

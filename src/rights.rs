@@ -17,7 +17,7 @@
 //! of the grants table, which its statement trigger sends at every change
 //! (`rights_changed`; a table without that trigger is refused, see
 //! `state_tables`), and at any change of a role or membership: another
-//! session's `grant_scope()`, `revoke_scope()`, `REVOKE group FROM role` or
+//! session's `pgticket.grant_scope()`, `pgticket.revoke_scope()`, `REVOKE group FROM role` or
 //! `ALTER ROLE ... NOSUPERUSER` counts from its commit, at this session's
 //! next transaction (or its next lock); a restore or a DROP/CREATE
 //! EXTENSION is a new table, found through `state_tables`' generation.
@@ -206,19 +206,19 @@ fn read_grants(table: pg_sys::Oid, role: pg_sys::Oid) -> Vec<ScopeGrant> {
     grants
 }
 
-/// May the current user allocate from this scope (`kind` 'scope' or
+/// May the current user allocate from this scope (`kind` 'scoped_id' or
 /// 'ticket': `queue`, `domain`) or block name (`kind` 'block': `queue` is
 /// the name, `domain` NULL)? True for everyone while
 /// `pg_ticket.scope_rights` is off. `pgticket.marks` shows only these rows.
-#[pg_extern(stable, parallel_restricted)]
+#[pg_extern(stable, parallel_restricted, schema = "pgticket")]
 fn may_allocate(kind: Option<&str>, queue: Option<Name<'_>>, domain: Option<Name<'_>>) -> bool {
     crate::errors::postgres_errors_as_raised(|| {
         let kind = crate::api::required("kind", kind);
         let queue = crate::api::required("queue", queue);
         let right = match kind {
-            "scope" | "ticket" => RightKind::Scope,
+            "scoped_id" | "ticket" => RightKind::Scope,
             "block" => RightKind::Block,
-            other => TicketError::InvalidArgument(format!("kind is 'scope', 'ticket' or 'block', not {other:?}")).raise(),
+            other => TicketError::InvalidArgument(format!("kind is 'scoped_id', 'ticket' or 'block', not {other:?}")).raise(),
         };
         let domain = match right {
             RightKind::Scope => crate::api::required("domain", domain),
@@ -251,7 +251,7 @@ CREATE TABLE pgticket.rights (
     PRIMARY KEY (role, kind, queue, domain)
 );
 COMMENT ON TABLE pgticket.rights IS
-    'Which roles may allocate from which scopes and block names while pg_ticket.scope_rights is on (grant_scope, grant_block)';
+    'Which roles may allocate from which scopes and block names while pg_ticket.scope_rights is on (pgticket.grant_scope, pgticket.grant_block)';
 CREATE FUNCTION pgticket.rights_changed() RETURNS trigger
     LANGUAGE c AS 'MODULE_PATHNAME', 'rights_changed_wrapper';
 CREATE TRIGGER changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgticket.rights
@@ -313,30 +313,30 @@ BEGIN
     RETURN changed > 0;
 END $$;
 REVOKE ALL ON FUNCTION pgticket.change_right(boolean, regrole, text, text, text) FROM PUBLIC;
-CREATE FUNCTION grant_scope(role regrole, queue text, domain text DEFAULT NULL) RETURNS boolean
+CREATE FUNCTION pgticket.grant_scope(role regrole, queue text, domain text DEFAULT NULL) RETURNS boolean
 VOLATILE SECURITY DEFINER LANGUAGE sql SET search_path = pg_catalog, pg_temp
 AS $$ SELECT pgticket.change_right(true, role, 'scope', queue, domain) $$;
-CREATE FUNCTION revoke_scope(role regrole, queue text, domain text DEFAULT NULL) RETURNS boolean
+CREATE FUNCTION pgticket.revoke_scope(role regrole, queue text, domain text DEFAULT NULL) RETURNS boolean
 VOLATILE SECURITY DEFINER LANGUAGE sql SET search_path = pg_catalog, pg_temp
 AS $$ SELECT pgticket.change_right(false, role, 'scope', queue, domain) $$;
-CREATE FUNCTION grant_block(role regrole, name text) RETURNS boolean
+CREATE FUNCTION pgticket.grant_block(role regrole, name text) RETURNS boolean
 VOLATILE SECURITY DEFINER LANGUAGE sql SET search_path = pg_catalog, pg_temp
 AS $$ SELECT pgticket.change_right(true, role, 'block', name, NULL) $$;
-CREATE FUNCTION revoke_block(role regrole, name text) RETURNS boolean
+CREATE FUNCTION pgticket.revoke_block(role regrole, name text) RETURNS boolean
 VOLATILE SECURITY DEFINER LANGUAGE sql SET search_path = pg_catalog, pg_temp
 AS $$ SELECT pgticket.change_right(false, role, 'block', name, NULL) $$;
-COMMENT ON FUNCTION grant_scope(regrole, text, text) IS
+COMMENT ON FUNCTION pgticket.grant_scope(regrole, text, text) IS
     'Lets role allocate from (queue, domain) while pg_ticket.scope_rights is on (NULL domain: every domain; a trailing * is a prefix); true if new';
-COMMENT ON FUNCTION revoke_scope(regrole, text, text) IS
-    'Removes the grant grant_scope(role, queue, domain) made; true if there was one';
-COMMENT ON FUNCTION grant_block(regrole, text) IS
+COMMENT ON FUNCTION pgticket.revoke_scope(regrole, text, text) IS
+    'Removes the grant pgticket.grant_scope(role, queue, domain) made; true if there was one';
+COMMENT ON FUNCTION pgticket.grant_block(regrole, text) IS
     'Lets role reserve blocks of name while pg_ticket.scope_rights is on (a trailing * is a prefix); true if new';
-COMMENT ON FUNCTION revoke_block(regrole, text) IS
-    'Removes the grant grant_block(role, name) made; true if there was one';
-REVOKE EXECUTE ON FUNCTION grant_scope(regrole, text, text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION revoke_scope(regrole, text, text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION grant_block(regrole, text) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION revoke_block(regrole, text) FROM PUBLIC;
+COMMENT ON FUNCTION pgticket.revoke_block(regrole, text) IS
+    'Removes the grant pgticket.grant_block(role, name) made; true if there was one';
+REVOKE EXECUTE ON FUNCTION pgticket.grant_scope(regrole, text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgticket.revoke_scope(regrole, text, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgticket.grant_block(regrole, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgticket.revoke_block(regrole, text) FROM PUBLIC;
 -- A role sees the marks of the scopes and block names it may use. The
 -- filter is the view's own condition over the union, and the view a
 -- security barrier: a condition of the caller's (a function that leaks its
@@ -344,7 +344,7 @@ REVOKE EXECUTE ON FUNCTION revoke_block(regrole, text) FROM PUBLIC;
 -- the caller's condition would be pushed down beside it, and run first.)
 CREATE OR REPLACE VIEW pgticket.marks WITH (security_barrier) AS
     SELECT m.kind, m.queue, m.domain, m.block_name, m.mark, m.remaining, m.max_mark
-      FROM (SELECT 'scope'::text AS kind, queue, domain, NULL::text AS block_name, mark,
+      FROM (SELECT 'scoped_id'::text AS kind, queue, domain, NULL::text AS block_name, mark,
                    max_mark - mark AS remaining, max_mark
               FROM pgticket.scoped_counters
             UNION ALL
@@ -353,7 +353,7 @@ CREATE OR REPLACE VIEW pgticket.marks WITH (security_barrier) AS
             UNION ALL
             SELECT 'ticket'::text, queue, domain, NULL, mark, 9223372036854775807 - mark, 9223372036854775807
               FROM pgticket.tickets) m
-     WHERE may_allocate(m.kind, coalesce(m.queue, m.block_name), m.domain);
+     WHERE pgticket.may_allocate(m.kind, coalesce(m.queue, m.block_name), m.domain);
 "#,
     name = "rights",
     requires = [may_allocate, "schema", "ticket_views"]

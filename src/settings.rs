@@ -106,7 +106,7 @@ pub fn init() -> Option<Preloaded> {
     );
     GucRegistry::define_bool_guc(
         c"pg_ticket.scope_rights",
-        c"Roles allocate only from the scopes and block names a grant covers (grant_scope, grant_block).",
+        c"Roles allocate only from the scopes and block names a grant covers (pgticket.grant_scope, pgticket.grant_block).",
         c"Off: every role allocates from every scope, as in 0.2.0. Superusers and the state tables' owners need no grant. Superusers only: a role must not switch its own check off.",
         &SCOPE_RIGHTS,
         GucContext::Suset,
@@ -329,7 +329,7 @@ pub fn init() -> Option<Preloaded> {
         GucRegistry::define_string_guc_with_hooks(
             c"pg_ticket.shards",
             c"The logical shards this server owns for sharded_id(), e.g. '0-63, 128' (empty: none).",
-            c"A shard moves to another server with sharded_release() here and sharded_accept() there.",
+            c"A shard moves to another server with pgticket.release_shard() here and pgticket.accept_shard() there.",
             &SHARDS,
             GucContext::Sighup,
             GucFlags::default(),
@@ -712,7 +712,7 @@ fn refuse_a_parallel_workers_load() {
             "pg_ticket is loaded first by a parallel worker, where its settings cannot take their configured values",
             "pg_ticket",
         )
-        .set_hint("Call a pg_ticket function in the session before the parallel query (any: SELECT snowflake_id_space()), mark the calling function PARALLEL RESTRICTED, or preload pg_ticket (shared_preload_libraries).")
+        .set_hint("Call a pg_ticket function in the session before the parallel query (any: SELECT pgticket.snowflake_id_space()), mark the calling function PARALLEL RESTRICTED, or preload pg_ticket (shared_preload_libraries).")
         .report(pgrx::PgLogLevel::ERROR);
     }
 }

@@ -68,7 +68,7 @@ const MS_PER_YEAR: f64 = 365.25 * 86_400_000.0;
 
 /// One row: this server's status (see the view `pgticket.status`). Without
 /// preloading only `preloaded` (false) is known.
-#[pg_extern(volatile, parallel_safe)]
+#[pg_extern(name = "status_rows", volatile, parallel_safe, schema = "pgticket")]
 fn ticket_status() -> TableIterator<
     'static,
     (
@@ -135,17 +135,17 @@ fn ticket_status() -> TableIterator<
 /// keyspace both on 0 would share IDs). A function of its own, not a column
 /// of `ticket_status()`, so that 0.3.0 keeps 0.2.0's signature and the view
 /// is replaced, not dropped (views and grants built on it survive).
-#[pg_extern(volatile, parallel_safe)]
+#[pg_extern(name = "machine_id_source", volatile, parallel_safe, schema = "pgticket")]
 fn ticket_machine_id_source() -> Option<&'static str> {
     settings::preloaded().then(settings::machine_id_source)
 }
 
 /// Admin: zero the counters of `pgticket.status`.
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(name = "reset_status", volatile, parallel_unsafe, schema = "pgticket")]
 fn reset_ticket_status() {
     postgres_errors_as_raised(|| {
         if !settings::preloaded() {
-            TicketError::NotPreloaded("reset_ticket_status").raise();
+            TicketError::NotPreloaded("pgticket.reset_status").raise();
         }
         let c = COUNTERS.get();
         for counter in [&c.refusals_clock_behind, &c.refusals_overflow, &c.refusals_read_only, &c.waits_ticket_refill] {
@@ -158,12 +158,12 @@ fn reset_ticket_status() {
 
 extension_sql!(
     r#"
-CREATE VIEW pgticket.status AS SELECT s.*, ticket_machine_id_source() AS machine_id_source,
-    (SELECT machine_bits FROM snowflake_id_space()) AS machine_bits FROM ticket_status() s;
+CREATE VIEW pgticket.status AS SELECT s.*, pgticket.machine_id_source() AS machine_id_source,
+    (SELECT machine_bits FROM pgticket.snowflake_id_space()) AS machine_bits FROM pgticket.status_rows() s;
 COMMENT ON VIEW pgticket.status IS
     'pg_ticket on this server: snowflake identity and clock, refusals and waits since start';
 GRANT SELECT ON pgticket.status TO PUBLIC;
-REVOKE EXECUTE ON FUNCTION reset_ticket_status() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgticket.reset_status() FROM PUBLIC;
 "#,
     name = "status_view",
     requires = [ticket_status, ticket_machine_id_source, reset_ticket_status, "id_space", "schema"]

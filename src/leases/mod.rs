@@ -42,7 +42,7 @@ fn machine_id_arg(machine_id: Option<i32>) -> u16 {
 /// Lease a machine id for `ttl`: the id, the lease's fencing token, its
 /// secret (renew and release need it), the time to stamp above, the expiry,
 /// and the ID space: its epoch and machine bits.
-#[pg_extern(name = "lease_machine_id", volatile, parallel_unsafe)]
+#[pg_extern(name = "lease_machine_id", volatile, parallel_unsafe, schema = "pgticket")]
 fn lease_machine_id_with_secret(
     holder: Option<Name<'_>>,
     ttl: default!(Option<Interval>, "'60 seconds'"),
@@ -79,7 +79,7 @@ fn secret_arg(secret: Option<&str>) -> u128 {
 
 /// Extend a live lease to `ttl` from now (never earlier than it ran); the
 /// new expiry.
-#[pg_extern(name = "renew_machine_id", volatile, parallel_unsafe)]
+#[pg_extern(name = "renew_machine_id", volatile, parallel_unsafe, schema = "pgticket")]
 fn renew_machine_id_with_secret(
     machine_id: Option<i32>,
     lease: Option<i64>,
@@ -96,7 +96,7 @@ fn renew_machine_id_with_secret(
 }
 
 /// End a lease now, reporting the last timestamp stamped with it.
-#[pg_extern(name = "release_machine_id", volatile, parallel_unsafe)]
+#[pg_extern(name = "release_machine_id", volatile, parallel_unsafe, schema = "pgticket")]
 fn release_machine_id_with_secret(
     machine_id: Option<i32>,
     lease: Option<i64>,
@@ -138,7 +138,7 @@ fn release_machine_id(_machine_id: Option<i32>, _lease: Option<i64>, _last: Opti
 
 /// Admin: end the id's live lease now (its id stays unleased until the
 /// lease's own expiry plus the margin). False if it had none.
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(name = "revoke_machine_id", volatile, parallel_unsafe, schema = "pgticket")]
 fn revoke_machine_lease(machine_id: Option<i32>) -> bool {
     postgres_errors_as_raised(|| registry::revoke(machine_id_arg(machine_id)).or_raise())
 }
@@ -146,14 +146,14 @@ fn revoke_machine_lease(machine_id: Option<i32>) -> bool {
 /// Admin: a registry that holds off (after a start, a restore, or its
 /// creation) grants at once — the administrator vouches that no lease of its
 /// earlier life can still be live. False if it was not holding off.
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(volatile, parallel_unsafe, schema = "pgticket")]
 fn end_lease_hold_off() -> bool {
     postgres_errors_as_raised(|| registry::end_hold_off().or_raise())
 }
 
 extension_sql!(
     r#"
-CREATE VIEW pgticket.machine_leases AS
+CREATE VIEW pgticket.machine_ids AS
     SELECT l.machine_id, l.holder,
            CASE WHEN pg_catalog.pg_has_role(c.relowner, 'USAGE') THEN l.lease END AS lease,
            l.leased_at, l.expires_at, l.last_issued_ms,
@@ -163,14 +163,14 @@ CREATE VIEW pgticket.machine_leases AS
                 ELSE 'expired' END AS state
       FROM pgticket.machine_id_leases l, pg_catalog.pg_class c
      WHERE c.oid OPERATOR(pg_catalog.=) 'pgticket.machine_id_leases'::pg_catalog.regclass;
-COMMENT ON VIEW pgticket.machine_leases IS
+COMMENT ON VIEW pgticket.machine_ids IS
     'Each machine id''s latest lease: holder, fencing token (shown to the registry''s owner only), times, last reported stamp, state';
-REVOKE ALL ON pgticket.machine_leases FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION lease_machine_id(text, interval) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION renew_machine_id(integer, bigint, text, interval, bigint) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION release_machine_id(integer, bigint, text, bigint) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION revoke_machine_lease(integer) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION end_lease_hold_off() FROM PUBLIC;
+REVOKE ALL ON pgticket.machine_ids FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgticket.lease_machine_id(text, interval) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgticket.renew_machine_id(integer, bigint, text, interval, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgticket.release_machine_id(integer, bigint, text, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgticket.revoke_machine_id(integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgticket.end_lease_hold_off() FROM PUBLIC;
 "#,
     name = "lease_views",
     requires = [lease_machine_id_with_secret, renew_machine_id_with_secret, release_machine_id_with_secret, revoke_machine_lease, end_lease_hold_off, "schema"]

@@ -76,55 +76,49 @@ pub fn first_mark_allowed() -> bool {
     !Path::new(UPGRADE_MARKER).exists() && space::recorded_in_this_transaction()
 }
 
-/// Administration in the extension's own schema (SPEC §18.3).
-#[pg_schema]
-mod pgticket {
-    use super::*;
-
-    /// Admin (SPEC §17.1): the word for a lost snowflake mark. Every
-    /// snowflake and sharded ID this server makes from now on, in every
-    /// database, is after `after` (and after now), here and after a
-    /// restart. For a server whose mark file was not carried over
-    /// (`pg_upgrade`, a data directory restored without it): give a time
-    /// past every ID the old server made in any database — its old mark
-    /// file's time, or the latest decoded `max(id)` of all its tables,
-    /// plus any error of its clock; `now()` if it never made one. At most
-    /// a day ahead of this server's clock. Returns the mark written. It
-    /// only raises.
-    #[pg_extern(volatile, parallel_unsafe)]
-    fn raise_snowflake_mark(after: Option<TimestampWithTimeZone>) -> TimestampWithTimeZone {
-        crate::errors::postgres_errors_as_raised(|| {
-            if !settings::preloaded() {
-                TicketError::NotPreloaded("raise_snowflake_mark").raise();
+/// Admin (SPEC §17.1): the word for a lost snowflake mark. Every
+/// snowflake and sharded ID this server makes from now on, in every
+/// database, is after `after` (and after now), here and after a
+/// restart. For a server whose mark file was not carried over
+/// (`pg_upgrade`, a data directory restored without it): give a time
+/// past every ID the old server made in any database — its old mark
+/// file's time, or the latest decoded `max(id)` of all its tables,
+/// plus any error of its clock; `now()` if it never made one. At most
+/// a day ahead of this server's clock. Returns the mark written. It
+/// only raises.
+#[pg_extern(volatile, parallel_unsafe, schema = "pgticket")]
+fn raise_snowflake_mark(after: Option<TimestampWithTimeZone>) -> TimestampWithTimeZone {
+    crate::errors::postgres_errors_as_raised(|| {
+        if !settings::preloaded() {
+            TicketError::NotPreloaded("pgticket.raise_snowflake_mark").raise();
+        }
+        crate::xact::check_writable().or_raise();
+        let after = crate::api::required("after", after);
+        let now_unix_ms = super::now_unix_ms();
+        if !after.is_finite() {
+            TicketError::InfiniteTime.raise();
+        }
+        let after_unix_ms = super::unix_ms_of_timestamptz(after);
+        if after_unix_ms > now_unix_ms.saturating_add(MAX_VOUCH_AHEAD_MS) {
+            TicketError::InvalidArgument(format!(
+                "after is more than a day ahead of this server's clock ({}): a mark that far ahead stops every snowflake until then; give the time past the old server's last ID",
+                ticket_core::epoch::format_unix_ms(now_unix_ms)
+            ))
+            .raise();
+        }
+        let epoch = settings::epoch_unix_ms();
+        let after_ms = (after_unix_ms.max(now_unix_ms) - epoch).max(0) as u64;
+        let mark_ms = layout::raise_mark(&GENERATOR.get().0, &SystemClock, &wal::WalMarkStore, epoch, after_ms).or_raise();
+        // The mark stands now: the marker of a lost one goes.
+        if let Err(e) = std::fs::remove_file(UPGRADE_MARKER) {
+            if e.kind() != std::io::ErrorKind::NotFound {
+                pgrx::warning!("pg_ticket: cannot remove {UPGRADE_MARKER}: {e} (the mark is written; the marker is ignored while it stands)");
             }
-            crate::xact::check_writable().or_raise();
-            let after = crate::api::required("after", after);
-            let now_unix_ms = super::super::now_unix_ms();
-            if !after.is_finite() {
-                TicketError::InfiniteTime.raise();
-            }
-            let after_unix_ms = super::super::unix_ms_of_timestamptz(after);
-            if after_unix_ms > now_unix_ms.saturating_add(MAX_VOUCH_AHEAD_MS) {
-                TicketError::InvalidArgument(format!(
-                    "after is more than a day ahead of this server's clock ({}): a mark that far ahead stops every snowflake until then; give the time past the old server's last ID",
-                    ticket_core::epoch::format_unix_ms(now_unix_ms)
-                ))
-                .raise();
-            }
-            let epoch = settings::epoch_unix_ms();
-            let after_ms = (after_unix_ms.max(now_unix_ms) - epoch).max(0) as u64;
-            let mark_ms = layout::raise_mark(&GENERATOR.get().0, &SystemClock, &wal::WalMarkStore, epoch, after_ms).or_raise();
-            // The mark stands now: the marker of a lost one goes.
-            if let Err(e) = std::fs::remove_file(UPGRADE_MARKER) {
-                if e.kind() != std::io::ErrorKind::NotFound {
-                    pgrx::warning!("pg_ticket: cannot remove {UPGRADE_MARKER}: {e} (the mark is written; the marker is ignored while it stands)");
-                }
-            }
-            let mark_unix_ms = epoch + mark_ms as i64;
-            pgrx::log!("pg_ticket: raise_snowflake_mark() raised the snowflake mark to {mark_unix_ms} Unix ms");
-            super::super::timestamptz_or_error(mark_unix_ms)
-        })
-    }
+        }
+        let mark_unix_ms = epoch + mark_ms as i64;
+        pgrx::log!("pg_ticket: raise_snowflake_mark() raised the snowflake mark to {mark_unix_ms} Unix ms");
+        super::timestamptz_or_error(mark_unix_ms)
+    })
 }
 
 extension_sql!(
@@ -134,5 +128,5 @@ COMMENT ON FUNCTION pgticket.raise_snowflake_mark(timestamptz) IS
 REVOKE EXECUTE ON FUNCTION pgticket.raise_snowflake_mark(timestamptz) FROM PUBLIC;
 "#,
     name = "raise_snowflake_mark_privileges",
-    requires = [pgticket::raise_snowflake_mark]
+    requires = [raise_snowflake_mark]
 );

@@ -70,12 +70,12 @@ fn sharded_id(shard: Option<i32>) -> i64 {
 /// Admin, on the shard's old owner, after removing it from
 /// `pg_ticket.shards` and reloading: close the shard here for good (until
 /// accepted again; recorded in WAL, so standbys have it too) and return the
-/// handover point for `sharded_accept()` on its new owner (the same point
+/// handover point for `pgticket.accept_shard()` on its new owner (the same point
 /// when asked again).
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(name = "release_shard", volatile, parallel_unsafe, schema = "pgticket")]
 fn sharded_release(shard: Option<i32>) -> i64 {
     postgres_errors_as_raised(|| {
-        let shard = shard_arg(shard, "sharded_release");
+        let shard = shard_arg(shard, "pgticket.release_shard");
         // Its point stands above the mark: not a mark this server lost.
         super::history::check().or_raise();
         server().release(shard, settings::owns_shard(shard)).map_err(|e| super::name_the_wait(e.into())).or_raise()
@@ -84,15 +84,15 @@ fn sharded_release(shard: Option<i32>) -> i64 {
 
 /// Admin, on the shard's new owner, after adding it to `pg_ticket.shards`
 /// and reloading: issue the shard here, only above `handover_id` (its old
-/// owner's `sharded_release()`; 0 for a shard no server issued before),
+/// owner's `pgticket.release_shard()`; 0 for a shard no server issued before),
 /// here and after a restart or failover. Waits until this server's clock
 /// has passed it (at most 11 s). Returns the shard's first ID here. Not
-/// transactional, like `sharded_release()`: in effect once called, whatever
+/// transactional, like `pgticket.release_shard()`: in effect once called, whatever
 /// becomes of the call or its transaction (an error, a cancel, a rollback).
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(name = "accept_shard", volatile, parallel_unsafe, schema = "pgticket")]
 fn sharded_accept(shard: Option<i32>, handover_id: Option<i64>) -> i64 {
     postgres_errors_as_raised(|| {
-        let shard = shard_arg(shard, "sharded_accept");
+        let shard = shard_arg(shard, "pgticket.accept_shard");
         // It issues the shard's first ID: in this database's ID space only,
         // and above the lost mark of a server that lost it.
         super::space::check_database().or_raise();
@@ -155,8 +155,8 @@ fn shard_of(key: Option<Name<'_>>, shard_count: Option<i32>) -> i32 {
 
 extension_sql!(
     r#"
-REVOKE EXECUTE ON FUNCTION sharded_release(integer) FROM PUBLIC;
-REVOKE EXECUTE ON FUNCTION sharded_accept(integer, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgticket.release_shard(integer) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgticket.accept_shard(integer, bigint) FROM PUBLIC;
 "#,
     name = "shard_privileges",
     requires = [sharded_release, sharded_accept]

@@ -40,7 +40,7 @@ pub fn recorded_in_this_transaction() -> bool {
 
 /// This server's snowflake ID space: its epoch (Unix ms) and machine bits
 /// (also without preloading: those its configuration names).
-#[pg_extern(stable, parallel_safe)]
+#[pg_extern(stable, parallel_safe, schema = "pgticket")]
 fn snowflake_id_space() -> TableIterator<'static, (name!(epoch_ms, i64), name!(machine_bits, i32))> {
     let space = configured().or_raise();
     TableIterator::once((space.epoch_unix_ms, space.machine_bits as i32))

@@ -190,7 +190,7 @@ impl ShardBook for WalShardBook {
                 ticket_core::snowflake::write_atomically(Path::new(SHARD_BOOK_FILE), &ticket_core::sharded::format_book(&entries))?;
                 let held: Vec<String> = entries.iter().filter(|(_, s)| matches!(s, Standing::Held(_))).map(|(shard, _)| shard.to_string()).collect();
                 pgrx::log!(
-                    "pg_ticket: this server started from a base backup or a point-in-time recovery: shards {} are held until accepted again (sharded_accept)",
+                    "pg_ticket: this server started from a base backup or a point-in-time recovery: shards {} are held until accepted again (pgticket.accept_shard)",
                     held.join(", ")
                 );
             }

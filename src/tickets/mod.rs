@@ -12,7 +12,7 @@
 //!
 //! What to hand out is decided in `ticket_core::tickets` (series, segments,
 //! double buffer, step). Touches `pgticket.tickets` only through the worker
-//! and `advance_ticket`.
+//! and `pgticket.advance_ticket`.
 
 mod shmem;
 mod worker;
@@ -122,7 +122,7 @@ thread_local! {
     /// By the scope's hash; a collision just makes the other scope look
     /// itself up again. No allocation on a hit.
     static KNOWN: RefCell<HashMap<u64, Known>> = RefCell::new(HashMap::new());
-    /// Scopes moved by `advance_ticket` in this backend, with the
+    /// Scopes moved by `pgticket.advance_ticket` in this backend, with the
     /// (sub)transactions that hold their row locked until they end.
     static ADVANCED: RefCell<HashMap<u64, Vec<pg_sys::TransactionId>>> = RefCell::new(HashMap::new());
 }
@@ -299,7 +299,7 @@ fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
                 }
                 if let Some(failure) = g.failure {
                     // A series or overflow refusal stands until the slot is
-                    // emptied (advance_ticket, eviction, restart); a failed
+                    // emptied (pgticket.advance_ticket, eviction, restart); a failed
                     // reservation is reported once and tried again by the
                     // next call.
                     if matches!(failure, Failure::Unavailable | Failure::NotReplicated | Failure::TooManyScopes { .. }) {
@@ -353,12 +353,12 @@ fn remember_advanced(hash: u64) {
 }
 
 /// The worker cannot reserve a scope whose row this transaction holds
-/// locked since `advance_ticket`: waiting for it would wait on ourselves.
+/// locked since `pgticket.advance_ticket`: waiting for it would wait on ourselves.
 fn refuse_if_advanced_here(hash: u64, queue: Name<'_>, domain: Name<'_>) {
     let here = ADVANCED.with(|a| a.borrow().get(&hash).is_some_and(|xids| xids.iter().any(|xid| is_current(*xid))));
     if here {
         TicketError::TicketsUnavailable(format!(
-            "advance_ticket({}, {}) in this transaction holds the scope until it commits; take tickets of it after the commit",
+            "pgticket.advance_ticket({}, {}) in this transaction holds the scope until it commits; take tickets of it after the commit",
             queue.quoted(),
             domain.quoted()
         ))
@@ -389,7 +389,7 @@ fn wait_for_segment(i: usize, generation: u64, db: u32, deadline: Instant, queue
         if now >= deadline {
             unsafe { pg_sys::ConditionVariableCancelSleep() };
             let why = if busy {
-                "its row in pgticket.tickets is locked by another transaction (an uncommitted advance_ticket?)".to_string()
+                "its row in pgticket.tickets is locked by another transaction (an uncommitted pgticket.advance_ticket?)".to_string()
             } else if let Some(waited_ms) = worker::commit_wait_ms(db) {
                 format!(
                     "the ticket worker of this database has been waiting {waited_ms} ms for its commit to be confirmed by the synchronous standbys (synchronous_standby_names): a standby is gone or slow"
@@ -431,13 +431,13 @@ fn next_ticket(queue: Option<Name<'_>>, domain: Option<Name<'_>>) -> i64 {
 
 /// Admin: move a ticket scope's mark forward to `mark` (never back) and drop
 /// its cached segments, so every later ticket is above `mark`.
-#[pg_extern(volatile, parallel_unsafe)]
+#[pg_extern(volatile, parallel_unsafe, schema = "pgticket")]
 fn advance_ticket(queue: Option<Name<'_>>, domain: Option<Name<'_>>, mark: Option<i64>) -> i64 {
     postgres_errors_as_raised(|| {
         let (queue, domain) = scope_args(queue, domain);
         let mark = required("mark", mark);
         if !settings::preloaded() {
-            TicketError::NotPreloaded("advance_ticket").raise();
+            TicketError::NotPreloaded("pgticket.advance_ticket").raise();
         }
         xact::check_writable().or_raise();
         check_right(queue, domain);
@@ -461,7 +461,7 @@ fn advance_ticket(queue: Option<Name<'_>>, domain: Option<Name<'_>>, mark: Optio
 /// SPEC §17.3: a row of `(queue, domain)` loaded from outside (a restore
 /// into a used database) meets the row here: the mark becomes the highest
 /// of the two and of what the cache reserved, and the cached values are
-/// dropped as `advance_ticket` drops them (they are below the loaded mark,
+/// dropped as `pgticket.advance_ticket` drops them (they are below the loaded mark,
 /// which the dump's database may have handed out). False if there is no
 /// row (the load inserts it).
 pub fn merge_loaded(queue: Name<'_>, domain: Name<'_>, mark: i64) -> bool {
@@ -495,7 +495,7 @@ pub fn merge_loaded(queue: Name<'_>, domain: Name<'_>, mark: i64) -> bool {
 }
 
 /// The scopes of this database cached in shared memory.
-#[pg_extern(volatile, parallel_safe)]
+#[pg_extern(name = "ticket_cache_rows", volatile, parallel_safe, schema = "pgticket")]
 fn ticket_cache() -> TableIterator<
     'static,
     (
@@ -510,7 +510,7 @@ fn ticket_cache() -> TableIterator<
 > {
     postgres_errors_as_raised(|| {
         if !settings::preloaded() {
-            TicketError::NotPreloaded("ticket_cache").raise();
+            TicketError::NotPreloaded("pgticket.ticket_cache").raise();
         }
         let db = my_database();
         let table = state_tables::tickets().oid.to_u32();
@@ -541,11 +541,11 @@ fn ticket_cache() -> TableIterator<
 
 extension_sql!(
     r#"
-CREATE VIEW pgticket.ticket_cache AS SELECT * FROM ticket_cache();
+CREATE VIEW pgticket.ticket_cache AS SELECT * FROM pgticket.ticket_cache_rows();
 COMMENT ON VIEW pgticket.ticket_cache IS
     'Ticket scopes of this database cached in shared memory: next value, end of the cached range, segment size, refills, waits';
 GRANT SELECT ON pgticket.ticket_cache TO PUBLIC;
-REVOKE EXECUTE ON FUNCTION advance_ticket(text, text, bigint) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgticket.advance_ticket(text, text, bigint) FROM PUBLIC;
 "#,
     name = "ticket_views",
     requires = [ticket_cache, advance_ticket, "schema"]

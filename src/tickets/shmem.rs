@@ -23,7 +23,7 @@
 //!   or a sweep of a few slots); backends take it only when their local
 //!   (slot, generation) is missing or stale — never per ticket. Nothing
 //!   scans every slot under it but `empty_slots` (DROP DATABASE,
-//!   `advance_ticket`). A slot's `key_hash` changes only under it,
+//!   `pgticket.advance_ticket`). A slot's `key_hash` changes only under it,
 //!   exclusive, so the index can be maintained without the slots' locks.
 //! - The worker registry is changed under the same LWLock, exclusive. Each
 //!   worker's request queue has a spinlock of its own (a few instructions).
@@ -50,7 +50,7 @@ const TRANCHE: &CStr = c"pg_ticket_tickets";
 const SHMEM_NAME: &CStr = c"pg_ticket ticket cache";
 
 /// Why a scope cannot be served; raised by every caller that meets it until
-/// the slot is emptied (advance_ticket, eviction) — the worker saw it in the
+/// the slot is emptied (pgticket.advance_ticket, eviction) — the worker saw it in the
 /// table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Failure {

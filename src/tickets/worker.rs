@@ -52,7 +52,7 @@ const SLOW_MS: u64 = 30_000;
 
 /// The longest a worker's statement waits for a lock: an insert of a
 /// scope that another transaction inserted and has not committed (only
-/// `advance_ticket` inserts besides the worker). Short, because every
+/// `pgticket.advance_ticket` inserts besides the worker). Short, because every
 /// scope of the database waits behind it; the scope is then tried again
 /// while someone waits for it.
 const LOCK_TIMEOUT: &std::ffi::CStr = c"10ms";
@@ -673,7 +673,7 @@ fn reserve_together(requests: &[Wanted], series: Series) -> Vec<Reserved> {
     }
 }
 
-/// `advance_ticket` in the caller's transaction: the row locked and moved
+/// `pgticket.advance_ticket` in the caller's transaction: the row locked and moved
 /// forward, never back — never below `floor` either, what the cache has
 /// reserved of the scope (a row deleted behind our back says less).
 pub fn advance_in_table(queue: Name<'_>, domain: Name<'_>, to: i64, floor: i64) -> Result<(), TicketError> {

@@ -4,7 +4,7 @@
 //!     cargo run -p ticket-client --example leased_ids
 //!     cargo run -p ticket-client --example leased_ids -- "host=/tmp/pgt-demo port=55432 user=postgres"
 //!
-//! Shows the lease, a few IDs decoded, the lease in `pgticket.machine_leases`,
+//! Shows the lease, a few IDs decoded, the lease in `pgticket.machine_ids`,
 //! and the release on drop.
 
 use std::time::Duration;
@@ -37,11 +37,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("{n} IDs in one second from this process");
 
     let mut db = postgres::Client::connect(&dsn, postgres::NoTls)?;
-    for row in db.query("SELECT machine_id, holder, lease, state FROM pgticket.machine_leases WHERE machine_id = $1", &[&i32::from(grant.machine_id)])? {
+    for row in db.query("SELECT machine_id, holder, lease, state FROM pgticket.machine_ids WHERE machine_id = $1", &[&i32::from(grant.machine_id)])? {
         println!("registry: id {} held by {} (lease {}): {}", row.get::<_, i32>(0), row.get::<_, String>(1), row.get::<_, i64>(2), row.get::<_, String>(3));
     }
     drop(generator); // releases the lease, reporting the last stamp
-    let state: String = db.query_one("SELECT state FROM pgticket.machine_leases WHERE machine_id = $1", &[&i32::from(grant.machine_id)])?.get(0);
+    let state: String = db.query_one("SELECT state FROM pgticket.machine_ids WHERE machine_id = $1", &[&i32::from(grant.machine_id)])?.get(0);
     println!("after drop: {state}");
     Ok(())
 }

@@ -239,6 +239,7 @@ pub struct Conn {
     bound: Duration,
     /// `quote_ident` of the schema pg_ticket's functions live in.
     schema: Option<String>,
+    registry_schema: Option<String>,
     /// The first WARNING of the call in flight (libpq's notice receiver
     /// writes it, during this connection's own libpq calls).
     warning: Box<Mutex<Option<String>>>,
@@ -303,7 +304,7 @@ impl Conn {
         value_ptrs.push(std::ptr::null());
         // SAFETY: NULL-terminated arrays of C strings that outlive the call.
         let raw = unsafe { (pq().PQconnectStartParams)(key_ptrs.as_ptr(), value_ptrs.as_ptr(), 1) };
-        let mut conn = Conn { raw, dsn: dsn.to_string(), bound, schema: None, warning: Box::default() };
+        let mut conn = Conn { raw, dsn: dsn.to_string(), bound, schema: None, registry_schema: None, warning: Box::default() };
         if raw.is_null() || unsafe { (pq().PQstatus)(raw) } == CONNECTION_BAD {
             return Err(CallError::Connection(error_message(raw)));
         }
@@ -485,16 +486,35 @@ impl Conn {
         }
     }
 
-    /// The schema pg_ticket's functions live in on this connection
+    /// The schema pg_ticket's everyday functions live in on this connection
     /// (`quote_ident`ed), looked up once.
     pub fn extension_schema(&mut self, stop: &dyn Fn() -> bool) -> Result<String, CallError> {
-        if let Some(schema) = &self.schema {
+        self.schema_of("pg_catalog.quote_ident(n.nspname)", false, stop)
+    }
+
+    /// The schema pg_ticket's registry functions live in on this
+    /// connection, looked up once: `pgticket` from 0.4.0 on, the schema the
+    /// extension was created in before (a registry not yet updated).
+    pub fn registry_schema(&mut self, stop: &dyn Fn() -> bool) -> Result<String, CallError> {
+        self.schema_of(
+            "CASE WHEN pg_catalog.to_regprocedure('pgticket.lease_machine_id(text, interval)') IS NOT NULL THEN 'pgticket' \
+                  ELSE pg_catalog.quote_ident(n.nspname) END",
+            true,
+            stop,
+        )
+    }
+
+    fn schema_of(&mut self, column: &str, registry: bool, stop: &dyn Fn() -> bool) -> Result<String, CallError> {
+        let cached = if registry { &self.registry_schema } else { &self.schema };
+        if let Some(schema) = cached {
             return Ok(schema.clone());
         }
         let row = self.query_one(
-            "SELECT pg_catalog.quote_ident(n.nspname) FROM pg_catalog.pg_extension e \
-               JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace \
-              WHERE e.extname OPERATOR(pg_catalog.=) 'pg_ticket'",
+            &format!(
+                "SELECT {column} FROM pg_catalog.pg_extension e \
+                   JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace \
+                  WHERE e.extname OPERATOR(pg_catalog.=) 'pg_ticket'"
+            ),
             &[],
             stop,
         );
@@ -508,7 +528,11 @@ impl Conn {
             }
             Err(e) => return Err(e),
         };
-        self.schema = Some(schema.clone());
+        if registry {
+            self.registry_schema = Some(schema.clone());
+        } else {
+            self.schema = Some(schema.clone());
+        }
         Ok(schema)
     }
 }

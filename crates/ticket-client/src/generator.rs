@@ -37,7 +37,7 @@ use ticket_core::snowflake::{self, IdSpace, MarkStore, SharedState, SnowflakeErr
 pub struct GeneratorConfig {
     /// libpq connection string or URI of the registry database.
     pub dsn: String,
-    /// Shown in `pgticket.machine_leases` (host and process, say).
+    /// Shown in `pgticket.machine_ids` (host and process, say).
     pub holder: String,
     /// 1 s .. 1 day (and at most the registry's `pg_ticket.lease_max_ttl`).
     #[serde(default = "default_ttl", with = "crate::duration")]

@@ -1,7 +1,7 @@
 //! pg_ticket for application processes that make IDs themselves (SPEC §9).
 //!
 //! - [`LeasedGenerator`]: snowflake IDs stamped with a machine id leased
-//!   from a pg_ticket registry (`lease_machine_id`), with the layout and
+//!   from a pg_ticket registry (`pgticket.lease_machine_id`), with the layout and
 //!   clock rules of the server's `snowflake_id()` (both are
 //!   `ticket_core::snowflake`). It stops issuing, with an error, as soon as
 //!   its own conservative reckoning says the lease may have ended.

@@ -1,7 +1,7 @@
 //! The lease protocol's SQL calls (SPEC §8), each in its own autocommit
 //! statement: the reply arrives only after the registry's durable commit,
 //! so a reply is a lease the registry will remember. pg_ticket's functions
-//! are called in the schema the extension lives in (`Conn::extension_schema`).
+//! are called in the registry's schema (`Conn::registry_schema`).
 
 use crate::clock::wall_ms;
 use crate::connect::{CallError, Conn, Param, Row};
@@ -47,7 +47,7 @@ fn timed(conn: &mut Conn, sql: &str, params: &[Param<'_>], registry_column: usiz
 
 /// A grant, and the clocks around the call.
 pub fn lease(conn: &mut Conn, holder: &str, ttl_ms: i64, stop: &dyn Fn() -> bool) -> Result<(Grant, Clocks), CallError> {
-    let schema = conn.extension_schema(stop)?;
+    let schema = conn.registry_schema(stop)?;
     // The margin is read after the call has loaded the library.
     let (row, clocks) = timed(
         conn,
@@ -79,7 +79,7 @@ pub fn lease(conn: &mut Conn, holder: &str, ttl_ms: i64, stop: &dyn Fn() -> bool
 /// The new expiry (Unix ms, the registry's clock), and the clocks around
 /// the call.
 pub fn renew(conn: &mut Conn, grant: &Grant, ttl_ms: i64, last_issued_ms: Option<i64>, stop: &dyn Fn() -> bool) -> Result<(i64, Clocks), CallError> {
-    let schema = conn.extension_schema(stop)?;
+    let schema = conn.registry_schema(stop)?;
     let (row, clocks) = timed(
         conn,
         &format!("SELECT (extract(epoch FROM {schema}.renew_machine_id($1, $2, $3, $4::interval, $5)) * 1000)::bigint, {REGISTRY_NOW}"),
@@ -91,7 +91,7 @@ pub fn renew(conn: &mut Conn, grant: &Grant, ttl_ms: i64, last_issued_ms: Option
 }
 
 pub fn release(conn: &mut Conn, grant: &Grant, last_issued_ms: Option<i64>, stop: &dyn Fn() -> bool) -> Result<(), CallError> {
-    let schema = conn.extension_schema(stop)?;
+    let schema = conn.registry_schema(stop)?;
     conn.query_one(
         &format!("SELECT 1 FROM {schema}.release_machine_id($1, $2, $3, $4)"),
         &[i32::from(grant.machine_id).into(), grant.lease.into(), (&secret_text(grant.secret)).into(), last_issued_ms.into()],

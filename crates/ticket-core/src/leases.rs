@@ -31,7 +31,7 @@ pub enum LeaseError {
     NotHeld { machine_id: u16, lease: i64 },
     #[error("lease {lease} of machine id {machine_id} was granted without a secret (before pg_ticket 0.3.0); it runs to its end and is not renewed: lease anew")]
     NoSecret { machine_id: u16, lease: i64 },
-    #[error("a secret is 32 hexadecimal digits, as lease_machine_id returned it")]
+    #[error("a secret is 32 hexadecimal digits, as pgticket.lease_machine_id returned it")]
     BadSecret,
     #[error("last_issued_ms {last_issued_ms} ({}) is past lease {lease}'s end plus pg_ticket.lease_margin ({}): no holder stamps there", crate::epoch::format_unix_ms(*.last_issued_ms), crate::epoch::format_unix_ms(*.limit_ms))]
     LastIssuedTooLate { lease: i64, last_issued_ms: i64, limit_ms: i64 },

@@ -53,11 +53,11 @@ pub enum ShardError {
     OutOfRange(i64),
     #[error("{0} is not a sharded ID: sharded IDs are never negative")]
     NegativeId(i64),
-    #[error("shard {0} was released from this server (sharded_release); it issues again only after sharded_accept()")]
+    #[error("shard {0} was released from this server (pgticket.release_shard); it issues again only after pgticket.accept_shard()")]
     Released(u16),
-    #[error("shard {0} is held: this server started from a base backup or a point-in-time recovery, so its shard book may be older than the shard's latest owner's. If another server issued shard {0} since, run sharded_release({0}) there and sharded_accept({0}, <the point it returns>) here; if none did, sharded_accept({0}, 0) resumes it here above what this server recorded")]
+    #[error("shard {0} is held: this server started from a base backup or a point-in-time recovery, so its shard book may be older than the shard's latest owner's. If another server issued shard {0} since, run pgticket.release_shard({0}) there and pgticket.accept_shard({0}, <the point it returns>) here; if none did, pgticket.accept_shard({0}, 0) resumes it here above what this server recorded")]
     Held(u16),
-    #[error("shard {0} is in pg_ticket.shards but was never accepted here: run sharded_accept({0}, <its old owner's handover point>), or sharded_accept({0}, 0) for a shard no server issued before")]
+    #[error("shard {0} is in pg_ticket.shards but was never accepted here: run pgticket.accept_shard({0}, <its old owner's handover point>), or pgticket.accept_shard({0}, 0) for a shard no server issued before")]
     NotAccepted(u16),
     #[error("shard {0} is not one of this server's (pg_ticket.shards)")]
     NotListed(u16),
@@ -456,7 +456,7 @@ impl<C: Clock, M: MarkStore, B: ShardBook> Server<'_, C, M, B> {
                 }
             }
             self.book.record(shard, Standing::Accepted(point)).map_err(|e| {
-                ShardError::Book(format!("{e}; shard {shard} is accepted here all the same (call sharded_accept again to record it)"))
+                ShardError::Book(format!("{e}; shard {shard} is accepted here all the same (call pgticket.accept_shard again to record it)"))
             })?;
             point
         };
@@ -590,7 +590,7 @@ mod tests {
         assert_eq!(parse_book(&node.book.text.borrow()).unwrap(), entries, "the book keeps it as text");
         let node = node.restarted();
         assert_eq!(node.server().next_id(2, true), Err(ShardError::Held(2)));
-        assert!(ShardError::Held(2).to_string().contains("sharded_accept(2, 0)"), "the hint names the call");
+        assert!(ShardError::Held(2).to_string().contains("pgticket.accept_shard(2, 0)"), "the hint names the call");
         assert_eq!(node.server().next_id(5, true), Err(ShardError::Released(5)), "a released shard stays released");
         // Accepting it again (here with 0: nobody else issued it) resumes
         // above everything this server issued before.

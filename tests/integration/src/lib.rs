@@ -18,7 +18,7 @@ pub fn repo_root() -> PathBuf {
 /// A test's registry is new to its fleet: it grants at once instead of
 /// holding off as a created registry does (tests of that hold-off create
 /// the extension themselves).
-pub const CREATE_EXTENSION: &str = "CREATE EXTENSION pg_ticket; SELECT end_lease_hold_off()";
+pub const CREATE_EXTENSION: &str = "CREATE EXTENSION pg_ticket; SELECT pgticket.end_lease_hold_off()";
 
 pub struct Cluster {
     pub dir: PathBuf,

@@ -195,7 +195,7 @@ fn a_generator_frozen_past_its_lease_issues_nothing_until_it_holds_a_new_one() {
     // Past its ttl (2 s) plus the margin (1 s): the id is free, and taken.
     std::thread::sleep(Duration::from_millis(3_500));
     let mut db = registry.connect();
-    let intruder = db.query_one("SELECT lease, secret, not_before_ms FROM lease_machine_id('intruder', '60 seconds')", &[]).unwrap();
+    let intruder = db.query_one("SELECT lease, secret, not_before_ms FROM pgticket.lease_machine_id('intruder', '60 seconds')", &[]).unwrap();
     let (intruder_lease, intruder_secret, intruder_not_before): (i64, String, i64) = (intruder.get(0), intruder.get(1), intruder.get(2));
     signal(&child, libc::SIGCONT);
     std::thread::sleep(Duration::from_secs(2));
@@ -204,7 +204,7 @@ fn a_generator_frozen_past_its_lease_issues_nothing_until_it_holds_a_new_one() {
     let late: Vec<&(i64, i64)> = during.iter().filter(|r| stamp_ms(r.0) >= intruder_not_before).collect();
     assert!(late.is_empty(), "{} IDs stamped after the lease ended (renewed too late)", late.len());
     // The intruder goes; after the margin the worker leases again and goes on.
-    db.execute("SELECT release_machine_id(1, $1, $2)", &[&intruder_lease, &intruder_secret]).unwrap();
+    db.execute("SELECT pgticket.release_machine_id(1, $1, $2)", &[&intruder_lease, &intruder_secret]).unwrap();
     let deadline = Instant::now() + Duration::from_secs(20);
     while !records(&out).iter().any(|r| r.1 != old_token) {
         assert!(Instant::now() < deadline, "the worker did not lease again");
@@ -325,7 +325,7 @@ fn a_generator_whose_clock_disagrees_with_the_registry_issues_nothing() {
         .unwrap();
     let mut db = registry.connect();
     let deadline = Instant::now() + Duration::from_secs(20);
-    while db.query("SELECT 1 FROM pgticket.machine_leases WHERE holder = 'skewed' AND state = 'held'", &[]).unwrap().is_empty() {
+    while db.query("SELECT 1 FROM pgticket.machine_ids WHERE holder = 'skewed' AND state = 'held'", &[]).unwrap().is_empty() {
         assert!(Instant::now() < deadline, "the skewed worker never leased");
         std::thread::sleep(Duration::from_millis(50));
     }
@@ -383,7 +383,7 @@ fn a_dropped_generator_releases_its_lease_with_its_last_stamp() {
     drop(generator);
     let row = registry
         .connect()
-        .query_one("SELECT state, last_issued_ms FROM pgticket.machine_leases WHERE machine_id = $1", &[&i32::from(grant.machine_id)])
+        .query_one("SELECT state, last_issued_ms FROM pgticket.machine_ids WHERE machine_id = $1", &[&i32::from(grant.machine_id)])
         .unwrap();
     assert_eq!(row.get::<_, String>(0), "released");
     assert_eq!(row.get::<_, Option<i64>>(1), Some(stamp_ms(last)), "the release reports the last stamp");
@@ -556,6 +556,6 @@ fn a_registry_that_warns_at_every_backend_start_still_grants_one_lease() {
     let generator = LeasedGenerator::start(GeneratorConfig::new(registry.dsn(), "warned")).unwrap();
     let grant = generator.wait_for_lease(Duration::from_secs(10)).expect("a lease despite the load-time WARNING");
     assert!(generator.next_id().is_ok());
-    let leases: i64 = registry.connect().query_one("SELECT count(*) FROM pgticket.machine_leases WHERE holder = 'warned'", &[]).unwrap().get(0);
+    let leases: i64 = registry.connect().query_one("SELECT count(*) FROM pgticket.machine_ids WHERE holder = 'warned'", &[]).unwrap().get(0);
     assert_eq!(leases, 1, "one lease (machine id {}), not one per attempt", grant.machine_id);
 }

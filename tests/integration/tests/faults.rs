@@ -281,7 +281,7 @@ fn an_older_dump_restored_into_a_registry_keeps_the_later_leases() {
     let c = Cluster::start("regkeep", 55609, &["pg_ticket.lease_margin = '1s'"]);
     let mut db = c.connect();
     let lease = |db: &mut Client, holder: &str| -> (i32, i64, String) {
-        let r = db.query_one("SELECT machine_id, lease, secret FROM lease_machine_id($1, '60s')", &[&holder]).unwrap();
+        let r = db.query_one("SELECT machine_id, lease, secret FROM pgticket.lease_machine_id($1, '60s')", &[&holder]).unwrap();
         (r.get(0), r.get(1), r.get(2))
     };
     let (first, first_token, first_secret) = lease(&mut db, "h1");
@@ -291,7 +291,7 @@ fn an_older_dump_restored_into_a_registry_keeps_the_later_leases() {
     let conn = ["-h", host.as_str(), "-p", port.as_str(), "-U", "postgres"];
     pg_tool("pg_dump", &[&conn[..], &["-Fc", "-f", dump.to_str().unwrap(), "postgres"]].concat());
     // After the dump: h1 releases, h2 leases (a later token).
-    db.execute("SELECT release_machine_id($1, $2, $3)", &[&first, &first_token, &first_secret]).unwrap();
+    db.execute("SELECT pgticket.release_machine_id($1, $2, $3)", &[&first, &first_token, &first_secret]).unwrap();
     let (second, second_token, _) = lease(&mut db, "h2");
     pg_tool("pg_restore", &[&conn[..], &["-d", "postgres", dump.to_str().unwrap()]].concat());
     let rows: Vec<(i32, i64, String, bool)> = db
@@ -321,7 +321,7 @@ fn dump_and_restore_continue_every_mark() {
         "SELECT next_scoped_id('shop', '2026') FROM generate_series(1, 5);
          SELECT next_scoped_id('shop', '2027') FROM generate_series(1, 3);
          SELECT reserve_block('workers', 30);
-         SELECT advance_scoped_id('imported', 'legacy', 1000000);
+         SELECT pgticket.advance_scoped_id('imported', 'legacy', 1000000);
          SELECT next_ticket('resources', 'vm') FROM generate_series(1, 7);",
     )
     .unwrap();
@@ -370,7 +370,7 @@ fn a_hot_standby_refuses_and_its_promotion_continues_above_the_primary() {
         "SELECT next_scoped_id('ha', 'x')",
         "SELECT reserve_block('ha', 1)",
         "SELECT snowflake_id()",
-        "SELECT advance_scoped_id('ha', 'x', 100)",
+        "SELECT pgticket.advance_scoped_id('ha', 'x', 100)",
     ] {
         let err = s.query_one(stmt, &[]).unwrap_err();
         assert_eq!(sqlstate(&err), "25006", "{stmt}: {err}");

@@ -89,7 +89,7 @@ fn an_error_inside_a_statement_reaches_the_client_as_postgresql_raised_it() {
     let mut tx = holder.transaction().unwrap();
     tx.query_one("SELECT next_scoped_id('backtrace', 'a')", &[]).unwrap();
     waiter.batch_execute("SET lock_timeout = '100ms'").unwrap();
-    for stmt in ["SELECT next_scoped_id('backtrace', 'a')", "SELECT advance_scoped_id('backtrace', 'a', 10)"] {
+    for stmt in ["SELECT next_scoped_id('backtrace', 'a')", "SELECT pgticket.advance_scoped_id('backtrace', 'a', 10)"] {
         let err = waiter.query_one(stmt, &[]).unwrap_err();
         let db = err.as_db_error().expect("a server error");
         assert_eq!(db.code().code(), "55P03", "{stmt}: {err}");

@@ -26,7 +26,7 @@ fn a_server_with_12_machine_bits_stamps_decodes_and_reports_them_and_refuses_to_
         assert_eq!((id >> 10) & 4095, 3000, "the machine id sits above 10 sequence bits in {id}");
     }
     let (bits, status_bits): (i32, i32) = {
-        let r = db.query_one("SELECT (SELECT machine_bits FROM snowflake_id_space()), machine_bits FROM pgticket.status", &[]).unwrap();
+        let r = db.query_one("SELECT (SELECT machine_bits FROM pgticket.snowflake_id_space()), machine_bits FROM pgticket.status", &[]).unwrap();
         (r.get(0), r.get(1))
     };
     assert_eq!((bits, status_bits), (12, 12));
@@ -71,7 +71,7 @@ fn a_registry_with_12_machine_bits_leases_ids_beyond_1023_and_its_clients_stamp_
     // Ids past the layout are refused when set, and the list stays.
     let err = db.batch_execute("ALTER SYSTEM SET pg_ticket.lease_ids = '4000-4096'").unwrap_err();
     assert_eq!(sqlstate(&err), "22023", "{err}");
-    let row = db.query_one("SELECT machine_id, machine_bits, epoch_ms FROM lease_machine_id('sql-holder', '10 s')", &[]).unwrap();
+    let row = db.query_one("SELECT machine_id, machine_bits, epoch_ms FROM pgticket.lease_machine_id('sql-holder', '10 s')", &[]).unwrap();
     let (id, bits): (i32, i32) = (row.get(0), row.get(1));
     assert!((4000..=4095).contains(&id), "{id}");
     assert_eq!(bits, 12, "a grant carries the layout");
@@ -110,8 +110,8 @@ fn an_unloaded_registry_leases_only_in_the_space_its_configuration_names() {
     let mut admin = c.connect();
     admin
         .batch_execute(
-            "CREATE ROLE app LOGIN; GRANT EXECUTE ON FUNCTION lease_machine_id(text, interval) TO app; \
-             SELECT end_lease_hold_off()",
+            "CREATE ROLE app LOGIN; GRANT EXECUTE ON FUNCTION pgticket.lease_machine_id(text, interval) TO app; \
+             SELECT pgticket.end_lease_hold_off()",
         )
         .unwrap();
     let as_app = |options: &str| {
@@ -119,12 +119,12 @@ fn an_unloaded_registry_leases_only_in_the_space_its_configuration_names() {
         postgres::Client::connect(&dsn, postgres::NoTls).unwrap()
     };
     for options in ["-c pg_ticket.machine_bits=16", "-c pg_ticket.epoch=2020-01-01"] {
-        let err = as_app(options).query_one("SELECT machine_bits FROM lease_machine_id('evil', '10 s')", &[]).unwrap_err();
+        let err = as_app(options).query_one("SELECT machine_bits FROM pgticket.lease_machine_id('evil', '10 s')", &[]).unwrap_err();
         assert_eq!(sqlstate(&err), "F0000", "{options}: {err}");
         assert!(err.as_db_error().unwrap().message().contains("the connection's options"), "{err}");
     }
     admin.batch_execute("ALTER ROLE app SET pg_ticket.machine_bits = 16").unwrap();
-    let err = as_app("").query_one("SELECT machine_bits FROM lease_machine_id('evil', '10 s')", &[]).unwrap_err();
+    let err = as_app("").query_one("SELECT machine_bits FROM pgticket.lease_machine_id('evil', '10 s')", &[]).unwrap_err();
     assert!(err.as_db_error().unwrap().message().contains("ALTER ROLE ... SET"), "{err}");
     admin.batch_execute("ALTER ROLE app RESET pg_ticket.machine_bits").unwrap();
     let recorded: i64 = admin.query_one("SELECT count(*) FROM pgticket.id_space", &[]).unwrap().get(0);
@@ -132,7 +132,7 @@ fn an_unloaded_registry_leases_only_in_the_space_its_configuration_names() {
     // A session SET changes nothing either; the configuration's 12 bits hold.
     let mut honest = as_app("");
     honest.batch_execute("SET pg_ticket.machine_bits = 16").unwrap();
-    let bits: i32 = honest.query_one("SELECT machine_bits FROM lease_machine_id('honest', '10 s')", &[]).unwrap().get(0);
+    let bits: i32 = honest.query_one("SELECT machine_bits FROM pgticket.lease_machine_id('honest', '10 s')", &[]).unwrap().get(0);
     assert_eq!(bits, 12);
     let recorded: i32 = admin.query_one("SELECT machine_bits FROM pgticket.id_space", &[]).unwrap().get(0);
     assert_eq!(recorded, 12);
@@ -163,8 +163,8 @@ fn reload_with(c: &Cluster, lines: &str, setting: &str, value: &str) {
 fn first_leases_record_one_space_an_emptied_space_is_refused_and_recorded_leases_stay_manageable() {
     let c = Cluster::start("layout-first", 55534, &["shared_preload_libraries = ''", "pg_ticket.lease_ids = '1-3'"]);
     let mut a = c.fresh_db("race");
-    a.batch_execute("SELECT end_lease_hold_off(); BEGIN").unwrap();
-    let bits: i32 = a.query_one("SELECT machine_bits FROM lease_machine_id('A', '10 s')", &[]).unwrap().get(0);
+    a.batch_execute("SELECT pgticket.end_lease_hold_off(); BEGIN").unwrap();
+    let bits: i32 = a.query_one("SELECT machine_bits FROM pgticket.lease_machine_id('A', '10 s')", &[]).unwrap().get(0);
     assert_eq!(bits, 10);
     reload_with(&c, "pg_ticket.machine_bits = 12\n", "pg_ticket.machine_bits", "12");
     let dsn = format!("{} dbname=race", c.dsn());
@@ -173,11 +173,11 @@ fn first_leases_record_one_space_an_emptied_space_is_refused_and_recorded_leases
     // at once (0.4.0: no lock held across A's transaction; 0.3.0 waited a
     // second at a time with 55P03), then takes A's space once A commits.
     let started = std::time::Instant::now();
-    let err = b.query_one("SELECT machine_bits FROM lease_machine_id('B', '10 s')", &[]).expect_err("another space in progress");
+    let err = b.query_one("SELECT machine_bits FROM pgticket.lease_machine_id('B', '10 s')", &[]).expect_err("another space in progress");
     assert_eq!(sqlstate(&err), "55000", "{err}");
     assert!(started.elapsed() < Duration::from_millis(900), "waited {:?}", started.elapsed());
     a.batch_execute("COMMIT").unwrap();
-    let bits_b: i32 = b.query_one("SELECT machine_bits FROM lease_machine_id('B', '10 s')", &[]).unwrap().get(0);
+    let bits_b: i32 = b.query_one("SELECT machine_bits FROM pgticket.lease_machine_id('B', '10 s')", &[]).unwrap().get(0);
     assert_eq!(bits_b, 10, "the second first lease took the first's space");
     let spaces: i64 = a.query_one("SELECT count(*) FROM pgticket.id_space", &[]).unwrap().get(0);
     assert_eq!(spaces, 1);
@@ -185,13 +185,13 @@ fn first_leases_record_one_space_an_emptied_space_is_refused_and_recorded_leases
     // A database recorded in 12 bits, an id past 1023 leased in it.
     reload_with(&c, "pg_ticket.lease_ids = '3000'\n", "pg_ticket.lease_ids", "3000");
     let mut db = c.fresh_db("wide");
-    db.batch_execute("SELECT end_lease_hold_off()").unwrap();
-    let row = db.query_one("SELECT machine_id, lease, secret, machine_bits FROM lease_machine_id('C', '30 s')", &[]).unwrap();
+    db.batch_execute("SELECT pgticket.end_lease_hold_off()").unwrap();
+    let row = db.query_one("SELECT machine_id, lease, secret, machine_bits FROM pgticket.lease_machine_id('C', '30 s')", &[]).unwrap();
     let (id, lease, secret, bits): (i32, i64, String, i32) = (row.get(0), row.get(1), row.get(2), row.get(3));
     assert_eq!((id, bits), (3000, 12));
     // Emptied under the live lease: no grant records another space.
     db.batch_execute("DELETE FROM pgticket.id_space").unwrap();
-    let err = db.query_one("SELECT machine_id FROM lease_machine_id('D', '10 s')", &[]).unwrap_err();
+    let err = db.query_one("SELECT machine_id FROM pgticket.lease_machine_id('D', '10 s')", &[]).unwrap_err();
     assert_eq!(sqlstate(&err), "F0000", "{err}");
     assert!(err.as_db_error().unwrap().message().contains("emptied under them"), "{err}");
     db.batch_execute("INSERT INTO pgticket.id_space (epoch_ms, machine_bits) VALUES (1767225600000, 12)").unwrap();
@@ -199,9 +199,9 @@ fn first_leases_record_one_space_an_emptied_space_is_refused_and_recorded_leases
     // still renewed, revoked and released by its id.
     reload_with(&c, "pg_ticket.machine_bits = 10\npg_ticket.lease_ids = '1-3'\n", "pg_ticket.machine_bits", "10");
     let mut db = c.connect_as("postgres", "wide");
-    db.query_one("SELECT renew_machine_id(3000, $1, $2, '30 s')", &[&lease, &secret]).expect("renewed by its id");
-    db.query_one("SELECT release_machine_id(3000, $1, $2)", &[&lease, &secret]).expect("released by its id");
-    db.query_one("SELECT revoke_machine_lease(3000)", &[]).expect("revoke takes it");
+    db.query_one("SELECT pgticket.renew_machine_id(3000, $1, $2, '30 s')", &[&lease, &secret]).expect("renewed by its id");
+    db.query_one("SELECT pgticket.release_machine_id(3000, $1, $2)", &[&lease, &secret]).expect("released by its id");
+    db.query_one("SELECT pgticket.revoke_machine_id(3000)", &[]).expect("revoke takes it");
     c.stop();
 }
 
@@ -213,8 +213,8 @@ fn first_leases_record_one_space_an_emptied_space_is_refused_and_recorded_leases
 fn a_registry_that_granted_does_not_start_in_another_layout_though_it_never_stamped() {
     let c = Cluster::start("layout-granted", 55535, &["pg_ticket.machine_id = 5", "pg_ticket.lease_ids = '1'"]);
     let mut db = c.connect();
-    db.batch_execute("SELECT end_lease_hold_off()").unwrap();
-    let bits: i32 = db.query_one("SELECT machine_bits FROM lease_machine_id('H', '30 s')", &[]).unwrap().get(0);
+    db.batch_execute("SELECT pgticket.end_lease_hold_off()").unwrap();
+    let bits: i32 = db.query_one("SELECT machine_bits FROM pgticket.lease_machine_id('H', '30 s')", &[]).unwrap().get(0);
     assert_eq!(bits, 10);
     drop(db);
     c.stop();

@@ -22,18 +22,18 @@ struct Grant {
 fn lease(c: &mut Client, holder: &str, ttl: &str) -> Result<Grant, postgres::Error> {
     let row = c.query_one(
         "SELECT machine_id, lease, secret, not_before_ms, (extract(epoch FROM expires_at) * 1000)::bigint
-           FROM lease_machine_id($1, $2::text::interval)",
+           FROM pgticket.lease_machine_id($1, $2::text::interval)",
         &[&holder, &ttl],
     )?;
     Ok(Grant { machine_id: row.get(0), lease: row.get(1), secret: row.get(2), not_before_ms: row.get(3), expires_ms: row.get(4) })
 }
 
 fn renew(c: &mut Client, g: &Grant) -> Result<(), postgres::Error> {
-    c.execute("SELECT renew_machine_id($1, $2, $3, '3 seconds')", &[&g.machine_id, &g.lease, &g.secret]).map(|_| ())
+    c.execute("SELECT pgticket.renew_machine_id($1, $2, $3, '3 seconds')", &[&g.machine_id, &g.lease, &g.secret]).map(|_| ())
 }
 
 fn release(c: &mut Client, g: &Grant, last_issued_ms: Option<i64>) {
-    c.execute("SELECT release_machine_id($1, $2, $3, $4)", &[&g.machine_id, &g.lease, &g.secret, &last_issued_ms]).unwrap();
+    c.execute("SELECT pgticket.release_machine_id($1, $2, $3, $4)", &[&g.machine_id, &g.lease, &g.secret, &last_issued_ms]).unwrap();
 }
 
 fn message(err: &postgres::Error) -> String {
@@ -129,7 +129,7 @@ fn an_id_frees_only_after_its_lease_ended_plus_the_margin() {
     let mut db = c.connect();
     let first = lease(&mut db, "a", "60 seconds").unwrap();
     // Never leased: nothing to stamp above but the end of the hold-off
-    // (ended by end_lease_hold_off() at CREATE EXTENSION, already past).
+    // (ended by pgticket.end_lease_hold_off() at CREATE EXTENSION, already past).
     assert_eq!(first.machine_id, 1);
     assert!(first.not_before_ms > 0 && first.not_before_ms <= now_ms(), "never leased: {first:?}");
     assert_eq!(refused(lease(&mut db, "b", "60 seconds")), "53400");

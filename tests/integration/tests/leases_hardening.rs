@@ -32,7 +32,7 @@ struct Grant {
 fn lease(c: &mut Client, holder: &str, ttl: &str) -> Result<Grant, postgres::Error> {
     let row = c.query_one(
         "SELECT machine_id, lease, secret, not_before_ms, (extract(epoch FROM expires_at) * 1000)::bigint
-           FROM lease_machine_id($1, $2::text::interval)",
+           FROM pgticket.lease_machine_id($1, $2::text::interval)",
         &[&holder, &ttl],
     )?;
     Ok(Grant { machine_id: row.get(0), lease: row.get(1), secret: row.get(2), not_before_ms: row.get(3), expires_ms: row.get(4) })
@@ -40,7 +40,7 @@ fn lease(c: &mut Client, holder: &str, ttl: &str) -> Result<Grant, postgres::Err
 
 fn renew(c: &mut Client, g: &Grant, ttl: &str) -> Result<i64, postgres::Error> {
     let row = c.query_one(
-        "SELECT (extract(epoch FROM renew_machine_id($1, $2, $3, $4::text::interval)) * 1000)::bigint",
+        "SELECT (extract(epoch FROM pgticket.renew_machine_id($1, $2, $3, $4::text::interval)) * 1000)::bigint",
         &[&g.machine_id, &g.lease, &g.secret, &ttl],
     )?;
     Ok(row.get(0))
@@ -345,7 +345,7 @@ fn a_database_that_never_answers_neither_hangs_a_generator_nor_a_block_pool() {
     black_hole.store(false, Ordering::Relaxed);
     let state: String = db
         .connect()
-        .query_one("SELECT state FROM pgticket.machine_leases WHERE machine_id = $1", &[&i32::from(grant.machine_id)])
+        .query_one("SELECT state FROM pgticket.machine_ids WHERE machine_id = $1", &[&i32::from(grant.machine_id)])
         .unwrap()
         .get(0);
     assert_ne!(state, "released", "the release could not have reached the registry");
@@ -499,8 +499,8 @@ fn the_registry_is_reached_over_verified_tls_with_libpqs_connection_semantics() 
         .batch_execute(
             "SELECT pg_reload_conf();
              CREATE ROLE app LOGIN PASSWORD 'pass word:1';
-             GRANT EXECUTE ON FUNCTION lease_machine_id(text, interval), renew_machine_id(integer, bigint, text, interval, bigint),
-                                       release_machine_id(integer, bigint, text, bigint) TO app;",
+             GRANT EXECUTE ON FUNCTION pgticket.lease_machine_id(text, interval), pgticket.renew_machine_id(integer, bigint, text, interval, bigint),
+                                       pgticket.release_machine_id(integer, bigint, text, bigint) TO app;",
         )
         .unwrap();
     std::thread::sleep(Duration::from_millis(300));
@@ -584,7 +584,7 @@ fn a_reloaded_registry_setting_moves_the_lease_without_overlap() {
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
     let ids = drawing.join().unwrap();
-    let row = old.connect().query_one("SELECT state, last_issued_ms FROM pgticket.machine_leases WHERE machine_id = 5", &[]).unwrap();
+    let row = old.connect().query_one("SELECT state, last_issued_ms FROM pgticket.machine_ids WHERE machine_id = 5", &[]).unwrap();
     let (state, last): (String, Option<i64>) = (row.get(0), row.get(1));
     assert_eq!(state, "released", "the old registry's lease ended when the setting changed");
     let last = last.expect("released with its last stamp");
@@ -595,7 +595,7 @@ fn a_reloaded_registry_setting_moves_the_lease_without_overlap() {
         let stamp = epoch_ms + L.decompose(id).unwrap().millis as i64;
         assert!(stamp <= last, "id {id} stamped at {stamp} after the old lease's reported last stamp {last}");
     }
-    let held: String = new.connect().query_one("SELECT state FROM pgticket.machine_leases WHERE machine_id = 9", &[]).unwrap().get(0);
+    let held: String = new.connect().query_one("SELECT state FROM pgticket.machine_ids WHERE machine_id = 9", &[]).unwrap().get(0);
     assert_eq!(held, "held");
     // Review of #17: a reload that empties the setting was taken, and libpq
     // then connected to its defaults. It is refused; the lease goes on.
@@ -804,15 +804,15 @@ fn a_slow_network_is_not_clock_skew_a_given_up_call_grants_nothing_and_a_moved_e
     locked_out.wait_for_lease(Duration::from_secs(10)).unwrap();
     std::thread::sleep(Duration::from_secs(2));
     let held: i64 = admin
-        .query_one("SELECT count(*) FROM pgticket.machine_leases WHERE holder = 'locked-out' AND state = 'held'", &[])
+        .query_one("SELECT count(*) FROM pgticket.machine_ids WHERE holder = 'locked-out' AND state = 'held'", &[])
         .unwrap()
         .get(0);
     assert_eq!(held, 1, "calls given up on committed grants nobody holds");
 
     // The extension moves to another schema under a holder.
-    admin.batch_execute("DROP EXTENSION pg_ticket; CREATE SCHEMA ids; CREATE EXTENSION pg_ticket SCHEMA ids; SELECT ids.end_lease_hold_off()").unwrap();
+    admin.batch_execute("DROP EXTENSION pg_ticket; CREATE SCHEMA ids; CREATE EXTENSION pg_ticket SCHEMA ids; SELECT pgticket.end_lease_hold_off()").unwrap();
     wait_until("a lease from the moved extension", Duration::from_secs(20), || {
-        admin.query_one("SELECT count(*) FROM pgticket.machine_leases WHERE holder = 'locked-out'", &[]).is_ok_and(|r| r.get::<_, i64>(0) == 1)
+        admin.query_one("SELECT count(*) FROM pgticket.machine_ids WHERE holder = 'locked-out'", &[]).is_ok_and(|r| r.get::<_, i64>(0) == 1)
     });
     drop(locked_out);
     registry.stop();

@@ -115,7 +115,7 @@ fn a_registry_in_a_database_with_a_publication_for_all_tables_grants_after_a_res
     db.batch_execute("CREATE PUBLICATION everything FOR ALL TABLES").unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let granted = loop {
-        match db.query_one("SELECT machine_id FROM lease_machine_id('after-restore', '1 second')", &[]) {
+        match db.query_one("SELECT machine_id FROM pgticket.lease_machine_id('after-restore', '1 second')", &[]) {
             Ok(row) => break row.get::<_, i32>(0),
             Err(e) => {
                 let message = e.as_db_error().map(|d| d.message().to_string()).unwrap_or_default();
@@ -189,7 +189,7 @@ fn a_prepared_transaction_holding_a_scope_is_named_in_a_view() {
     assert_eq!(
         held,
         vec![
-            ("forgotten".into(), "scope".into(), Some("invoices".into()), Some("tenantB/2026".into()), None),
+            ("forgotten".into(), "scoped_id".into(), Some("invoices".into()), Some("tenantB/2026".into()), None),
             ("forgotten-block".into(), "block".into(), None, None, Some("orders".into())),
         ]
     );
@@ -202,7 +202,7 @@ fn a_prepared_transaction_holding_a_scope_is_named_in_a_view() {
 /// permanent row with nobody's name on it, and one role made 100 000 in
 /// seconds. A role creates at most pg_ticket.max_scopes_per_role (a
 /// superuser sets it); one rolled back counts nothing; superusers are not
-/// capped; retire_scope / retire_block close a name keeping its mark.
+/// capped; pgticket.retire_scoped_id / pgticket.retire_block close a name keeping its mark.
 #[test]
 fn a_role_creates_at_most_its_cap_of_scopes_and_a_retired_one_never_counts_again() {
     let c = cluster();
@@ -251,15 +251,15 @@ fn a_role_creates_at_most_its_cap_of_scopes_and_a_retired_one_never_counts_again
     let e = second.batch_execute("SELECT next_scoped_id('bulk', 'n' || n) FROM generate_series(61, 100) n").unwrap_err();
     assert_eq!(sqlstate(&e), "53400", "the 101st in one statement: {e:?}");
 
-    assert_eq!(admin.query_one("SELECT retire_scope('q', 'd1')", &[]).unwrap().get::<_, i64>(0), 2);
+    assert_eq!(admin.query_one("SELECT pgticket.retire_scoped_id('q', 'd1')", &[]).unwrap().get::<_, i64>(0), 2);
     let e = user.query_one("SELECT next_scoped_id('q', 'd1')", &[]).unwrap_err();
     assert_eq!(sqlstate(&e), "2200H", "a retired scope takes nothing: {e:?}");
     let remaining: i64 = admin.query_one("SELECT remaining FROM pgticket.marks WHERE queue = 'q' AND domain = 'd1'", &[]).unwrap().get(0);
     assert_eq!(remaining, 0);
-    assert_eq!(admin.query_one("SELECT retire_block('quota-block')", &[]).unwrap().get::<_, i64>(0), 1);
+    assert_eq!(admin.query_one("SELECT pgticket.retire_block('quota-block')", &[]).unwrap().get::<_, i64>(0), 1);
     let e = user.query_one("SELECT * FROM reserve_block('quota-block', 1)", &[]).unwrap_err();
     assert_eq!(sqlstate(&e), "2200H", "{e:?}");
-    let e = user.query_one("SELECT retire_scope('q', 'd2')", &[]).unwrap_err();
+    let e = user.query_one("SELECT pgticket.retire_scoped_id('q', 'd2')", &[]).unwrap_err();
     assert_eq!(sqlstate(&e), "42501", "retiring is an administrator's: {e:?}");
 }
 

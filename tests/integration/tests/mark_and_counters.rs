@@ -220,7 +220,7 @@ fn a_lease_granted_to_a_session_with_synchronous_commit_off_waits_for_the_standb
     let c = Cluster::start("lease-durable", 55492, &[]);
     let mut admin = c.connect();
     admin.batch_execute("CREATE ROLE lease_user LOGIN").unwrap();
-    admin.batch_execute("GRANT EXECUTE ON FUNCTION lease_machine_id(text, interval) TO lease_user").unwrap();
+    admin.batch_execute("GRANT EXECUTE ON FUNCTION pgticket.lease_machine_id(text, interval) TO lease_user").unwrap();
     // A registry's first grant writes its mark (waiting for the standby
     // too): written before, so that the wait cancelled is the commit's.
     admin.query_one("SELECT snowflake_id()", &[]).unwrap();
@@ -230,7 +230,7 @@ fn a_lease_granted_to_a_session_with_synchronous_commit_off_waits_for_the_standb
         move || {
             let mut s = postgres::Client::connect(&dsn, postgres::NoTls).unwrap();
             s.batch_execute("SET synchronous_commit = off").unwrap();
-            s.query_one("SELECT machine_id FROM lease_machine_id('durable', '60 seconds')", &[]).map(|r| r.get::<_, i32>(0))
+            s.query_one("SELECT machine_id FROM pgticket.lease_machine_id('durable', '60 seconds')", &[]).map(|r| r.get::<_, i32>(0))
         }
     });
     let pid = waiting_for_standby(&mut admin, "lease_user");

@@ -114,8 +114,8 @@ fn a_login_role_allocates_but_cannot_touch_state_or_admin_functions() {
         "UPDATE pgticket.scoped_counters SET mark = 0 WHERE queue = 'priv'",
         "DELETE FROM pgticket.blocks WHERE name = 'priv'",
         "TRUNCATE pgticket.blocks",
-        "SELECT advance_scoped_id('priv', 'x', 100)",
-        "SELECT advance_block_mark('priv', 100)",
+        "SELECT pgticket.advance_scoped_id('priv', 'x', 100)",
+        "SELECT pgticket.advance_block('priv', 100)",
     ] {
         let err = app.batch_execute(stmt).unwrap_err();
         assert_eq!(sqlstate(&err), "42501", "{stmt}: {err}");
@@ -134,6 +134,6 @@ fn a_login_role_allocates_but_cannot_touch_state_or_admin_functions() {
     assert_eq!(app.query_one("SELECT count(*) FROM app_owned.scoped_counters", &[]).unwrap().get::<_, i64>(0), 0);
 
     // An admin may hand the admin functions to a role explicitly.
-    c.connect().batch_execute("GRANT EXECUTE ON FUNCTION advance_scoped_id(text, text, bigint) TO app").unwrap();
-    assert_eq!(app.query_one("SELECT public.advance_scoped_id('priv', 'x', 100)", &[]).unwrap().get::<_, i64>(0), 100);
+    c.connect().batch_execute("GRANT EXECUTE ON FUNCTION pgticket.advance_scoped_id(text, text, bigint) TO app").unwrap();
+    assert_eq!(app.query_one("SELECT pgticket.advance_scoped_id('priv', 'x', 100)", &[]).unwrap().get::<_, i64>(0), 100);
 }

@@ -42,15 +42,15 @@ fn old_server(name: &str, port: u16) -> (Cluster, Issued) {
     let mut db = c.connect();
     let max = |db: &mut Client, sql: &str| -> i64 { db.query_one(sql, &[]).unwrap().get(0) };
     let snowflake = max(&mut db, "SELECT max(snowflake_id()) FROM generate_series(1, 20000)");
-    db.query_one("SELECT sharded_accept(1, 0)", &[]).unwrap();
+    db.query_one("SELECT pgticket.accept_shard(1, 0)", &[]).unwrap();
     let shard_1 = max(&mut db, "SELECT max(sharded_id(1)) FROM generate_series(1, 20000)");
     // One ticket: the cache reserved a segment ahead of it in the table.
     let ticket = max(&mut db, "SELECT next_ticket('upg', 'vm')");
     let scoped = max(&mut db, "SELECT max(next_scoped_id('inv', 'shop')) FROM generate_series(1, 7)");
     let block_last = max(&mut db, "SELECT last_id FROM reserve_block('workers', 100)");
     // The restart under the clock file held the registry off.
-    db.batch_execute("SELECT end_lease_hold_off()").unwrap();
-    let row = db.query_one("SELECT machine_id, lease, secret FROM lease_machine_id('holder-1', '120s')", &[]).unwrap();
+    db.batch_execute("SELECT pgticket.end_lease_hold_off()").unwrap();
+    let row = db.query_one("SELECT machine_id, lease, secret FROM pgticket.lease_machine_id('holder-1', '120s')", &[]).unwrap();
     let lease = (row.get(0), row.get(1), row.get(2));
     c.stop();
     (c, Issued { snowflake, shard_1, ticket, scoped, block_last, lease })
@@ -119,17 +119,17 @@ fn catalog_state_continues(db: &mut Client, issued: &Issued) {
     let first: i64 = db.query_one("SELECT first_id FROM reserve_block('workers', 10)", &[]).unwrap().get(0);
     assert_eq!(first, issued.block_last + 1);
     let (id, lease, secret) = &issued.lease;
-    db.execute("SELECT renew_machine_id($1, $2, $3, '60s')", &[id, lease, secret])
+    db.execute("SELECT pgticket.renew_machine_id($1, $2, $3, '60s')", &[id, lease, secret])
         .expect("the live lease carried by pg_upgrade renews with its secret");
-    db.batch_execute("SELECT end_lease_hold_off()").unwrap();
-    let other: i32 = db.query_one("SELECT machine_id FROM lease_machine_id('holder-2', '60s')", &[]).unwrap().get(0);
+    db.batch_execute("SELECT pgticket.end_lease_hold_off()").unwrap();
+    let other: i32 = db.query_one("SELECT machine_id FROM pgticket.lease_machine_id('holder-2', '60s')", &[]).unwrap().get(0);
     assert_ne!(other, *id, "the live lease's id is not granted again");
 }
 
 /// Snowflakes and shards are refused (55000, naming the mark and the call
 /// that vouches) while the mark is not carried over, and nothing was made.
 fn mark_and_book_refused(db: &mut Client) {
-    for sql in ["SELECT snowflake_id()", "SELECT sharded_accept(1, 0)"] {
+    for sql in ["SELECT snowflake_id()", "SELECT pgticket.accept_shard(1, 0)"] {
         let err = db.query_one(sql, &[]).expect_err("refused without the old server's mark");
         assert_eq!(sqlstate(&err), "55000", "{sql}: {err}");
         let text = format!("{:?}", err.as_db_error());
@@ -206,7 +206,7 @@ fn pg_upgrade_in_link_mode_with_the_mark_vouched_for_issues_above_the_old_server
     assert!(format!("{:?}", err.as_db_error()).contains("pg_upgrade"), "{err:?}");
     // Nor a shard's release: its point stands above the mark.
     new.reload_shards("0,2-3");
-    let err = db.query_one("SELECT sharded_release(1)", &[]).expect_err("a release above a lost mark");
+    let err = db.query_one("SELECT pgticket.release_shard(1)", &[]).expect_err("a release above a lost mark");
     assert_eq!(sqlstate(&err), "55000", "{err}");
     new.reload_shards("0-3");
     // A vouch more than a day ahead (a typo) is refused: it would stop
@@ -235,7 +235,7 @@ fn pg_upgrade_in_link_mode_with_the_mark_vouched_for_issues_above_the_old_server
     std::fs::write(&clock, "+660s").unwrap();
     new.up_with_clock_file(&clock);
     let mut db = new.connect();
-    db.query_one("SELECT sharded_accept(1, 0)", &[]).unwrap();
+    db.query_one("SELECT pgticket.accept_shard(1, 0)", &[]).unwrap();
     issues_above(&mut db, &issued);
     // The vouch was server-wide: the new database's first use is above too.
     let first: i64 = new.connect_as("postgres", "fresh").query_one("SELECT snowflake_id()", &[]).unwrap().get(0);

@@ -57,10 +57,10 @@ fn exact_and_prefix_grants_decide_for_counters_tickets_blocks_and_triggers() {
     let mut admin = setup(db, &["rg_alice", "rg_bob"], true);
     admin
         .batch_execute(
-            "SELECT grant_scope('rg_alice', 'invoices', 'shop-17/2026');
-             SELECT grant_scope('rg_alice', 'orders-*');
-             SELECT grant_scope('rg_alice', 'tix', 't-*');
-             SELECT grant_block('rg_alice', 'batch-*');
+            "SELECT pgticket.grant_scope('rg_alice', 'invoices', 'shop-17/2026');
+             SELECT pgticket.grant_scope('rg_alice', 'orders-*');
+             SELECT pgticket.grant_scope('rg_alice', 'tix', 't-*');
+             SELECT pgticket.grant_block('rg_alice', 'batch-*');
              CREATE TABLE inv (id bigint, q text, d text);
              SELECT number_rows('inv', 'id', 'q', domain_column => 'd');
              CREATE TABLE res (id bigint, q text, d text);
@@ -120,31 +120,31 @@ fn grants_and_revokes_are_transactional_and_reach_open_sessions() {
     let take = "SELECT next_scoped_id('ledger', 'eu')";
     refused(&mut carol, take, r#""ledger""#);
     let mut tx = admin.transaction().unwrap();
-    tx.execute("SELECT grant_scope('rg_carol', 'ledger', 'eu')", &[]).unwrap();
+    tx.execute("SELECT pgticket.grant_scope('rg_carol', 'ledger', 'eu')", &[]).unwrap();
     refused(&mut carol, take, r#""ledger""#); // not committed
     tx.rollback().unwrap();
     refused(&mut carol, take, r#""ledger""#);
     assert_eq!(count(&mut admin, "SELECT count(*) FROM pgticket.scope_grants"), 0, "a rolled-back grant is gone");
 
-    let granted: bool = admin.query_one("SELECT grant_scope('rg_carol', 'ledger', 'eu')", &[]).unwrap().get(0);
+    let granted: bool = admin.query_one("SELECT pgticket.grant_scope('rg_carol', 'ledger', 'eu')", &[]).unwrap().get(0);
     assert!(granted);
     assert_eq!(value(&mut carol, take), Ok(1), "a committed grant reaches an open session at its next transaction");
     assert_eq!(value(&mut carol, "SELECT current_scoped_id('ledger', 'eu')"), Ok(1));
-    let again: bool = admin.query_one("SELECT grant_scope('rg_carol', 'ledger', 'eu')", &[]).unwrap().get(0);
+    let again: bool = admin.query_one("SELECT pgticket.grant_scope('rg_carol', 'ledger', 'eu')", &[]).unwrap().get(0);
     assert!(!again, "granting twice is one grant");
 
     let mut tx = admin.transaction().unwrap();
-    let revoked: bool = tx.query_one("SELECT revoke_scope('rg_carol', 'ledger', 'eu')", &[]).unwrap().get(0);
+    let revoked: bool = tx.query_one("SELECT pgticket.revoke_scope('rg_carol', 'ledger', 'eu')", &[]).unwrap().get(0);
     assert!(revoked);
     assert_eq!(value(&mut carol, take), Ok(2), "a revoke counts from its commit");
     tx.commit().unwrap();
     refused(&mut carol, take, r#""ledger""#);
-    let twice: bool = admin.query_one("SELECT revoke_scope('rg_carol', 'ledger', 'eu')", &[]).unwrap().get(0);
+    let twice: bool = admin.query_one("SELECT pgticket.revoke_scope('rg_carol', 'ledger', 'eu')", &[]).unwrap().get(0);
     assert!(!twice, "nothing left to revoke");
     // A revoke names the grant as made: revoking one domain of a grant of
     // every domain removes nothing.
-    admin.execute("SELECT grant_scope('rg_carol', 'ledger')", &[]).unwrap();
-    let partial: bool = admin.query_one("SELECT revoke_scope('rg_carol', 'ledger', 'eu')", &[]).unwrap().get(0);
+    admin.execute("SELECT pgticket.grant_scope('rg_carol', 'ledger')", &[]).unwrap();
+    let partial: bool = admin.query_one("SELECT pgticket.revoke_scope('rg_carol', 'ledger', 'eu')", &[]).unwrap().get(0);
     assert!(!partial);
     assert_eq!(value(&mut carol, take), Ok(3));
 }
@@ -153,7 +153,7 @@ fn grants_and_revokes_are_transactional_and_reach_open_sessions() {
 fn a_revoke_committed_while_a_statement_or_snapshot_runs_is_not_read_back() {
     let db = "rights_snapshot";
     let mut admin = setup(db, &["rg_gina"], true);
-    admin.batch_execute("SELECT grant_scope('rg_gina', 'rc')").unwrap();
+    admin.batch_execute("SELECT pgticket.grant_scope('rg_gina', 'rc')").unwrap();
     let mut gina = as_role(db, "rg_gina");
     assert_eq!(value(&mut gina, "SELECT next_scoped_id('rc', 'd0')"), Ok(1));
     // One statement spanning the revoke's commit: its later rows lock new
@@ -161,7 +161,7 @@ fn a_revoke_committed_while_a_statement_or_snapshot_runs_is_not_read_back() {
     // shows the grant.
     let revoker = std::thread::spawn(move || {
         std::thread::sleep(std::time::Duration::from_millis(700));
-        admin.batch_execute("SELECT revoke_scope('rg_gina', 'rc')").unwrap();
+        admin.batch_execute("SELECT pgticket.revoke_scope('rg_gina', 'rc')").unwrap();
         admin
     });
     let _ = gina.query(
@@ -173,22 +173,22 @@ fn a_revoke_committed_while_a_statement_or_snapshot_runs_is_not_read_back() {
     refused(&mut gina, "SELECT next_scoped_id('rc', 'd0')", r#"role "rg_gina""#);
 
     // A REPEATABLE READ transaction whose snapshot predates the revoke.
-    admin.batch_execute("SELECT grant_scope('rg_gina', 'rr'); CREATE TABLE untouched (x int); GRANT SELECT ON untouched TO rg_gina").unwrap();
+    admin.batch_execute("SELECT pgticket.grant_scope('rg_gina', 'rr'); CREATE TABLE untouched (x int); GRANT SELECT ON untouched TO rg_gina").unwrap();
     gina.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ").unwrap();
     assert_eq!(value(&mut gina, "SELECT next_scoped_id('rr', 'a')"), Ok(1));
-    admin.batch_execute("SELECT revoke_scope('rg_gina', 'rr')").unwrap();
+    admin.batch_execute("SELECT pgticket.revoke_scope('rg_gina', 'rr')").unwrap();
     gina.batch_execute("SELECT count(*) FROM untouched").unwrap(); // a new lock: the invalidation is in
     let _ = value(&mut gina, "SELECT next_scoped_id('rr', 'b')");
     gina.batch_execute("ROLLBACK").unwrap();
     refused(&mut gina, "SELECT next_scoped_id('rr', 'a')", r#"role "rg_gina""#);
-    assert!(!gina.query_one("SELECT may_allocate('scope', 'rr', 'a')", &[]).unwrap().get::<_, bool>(0));
+    assert!(!gina.query_one("SELECT pgticket.may_allocate('scoped_id', 'rr', 'a')", &[]).unwrap().get::<_, bool>(0));
 }
 
 #[test]
 fn a_grants_table_without_its_trigger_is_refused() {
     let db = "rights_trigger";
     let mut admin = setup(db, &["rg_hal"], true);
-    admin.batch_execute("SELECT grant_scope('rg_hal', 'q'); DROP TRIGGER changed ON pgticket.rights").unwrap();
+    admin.batch_execute("SELECT pgticket.grant_scope('rg_hal', 'q'); DROP TRIGGER changed ON pgticket.rights").unwrap();
     let mut hal = as_role(db, "rg_hal");
     match value(&mut hal, "SELECT next_scoped_id('q', 'd')") {
         Err((state, message)) => assert!(state == "55000" && message.contains("\"changed\""), "{state}: {message}"),
@@ -223,7 +223,7 @@ fn a_grants_table_without_its_trigger_is_refused() {
 fn a_dropped_roles_grants_are_not_dumped_and_go_at_the_next_change() {
     let db = "rights_dropped";
     let mut admin = setup(db, &["rg_doomed", "rg_kept"], true);
-    admin.batch_execute("SELECT grant_scope('rg_doomed', 'secret'); SELECT grant_scope('rg_kept', 'open')").unwrap();
+    admin.batch_execute("SELECT pgticket.grant_scope('rg_doomed', 'secret'); SELECT pgticket.grant_scope('rg_kept', 'open')").unwrap();
     cluster().connect().batch_execute("DROP ROLE rg_doomed").unwrap();
     assert_eq!(count(&mut admin, "SELECT count(*) FROM pgticket.rights"), 2, "the row stays, showing an OID");
     let c = cluster();
@@ -231,7 +231,7 @@ fn a_dropped_roles_grants_are_not_dumped_and_go_at_the_next_change() {
     let dump = pg_tool("pg_dump", &["-h", &host, "-p", &port, "-U", "postgres", "--data-only", "-t", "pgticket.rights", db]);
     let text = String::from_utf8_lossy(&dump.stdout);
     assert!(text.contains("rg_kept") && !text.contains("secret"), "a dropped role's grant was dumped (its OID may be another role's elsewhere):\n{text}");
-    admin.batch_execute("SELECT grant_scope('rg_kept', 'more')").unwrap();
+    admin.batch_execute("SELECT pgticket.grant_scope('rg_kept', 'more')").unwrap();
     assert_eq!(count(&mut admin, "SELECT count(*) FROM pgticket.rights WHERE queue = 'secret'"), 0, "a change clears rows of dropped roles");
 }
 
@@ -239,7 +239,7 @@ fn a_dropped_roles_grants_are_not_dumped_and_go_at_the_next_change() {
 fn a_grant_changed_meanwhile_does_not_fail_a_serializable_allocation() {
     let db = "rights_serializable";
     let mut admin = setup(db, &["rg_ivy"], true);
-    admin.batch_execute("SELECT grant_scope('rg_ivy', 'rr')").unwrap();
+    admin.batch_execute("SELECT pgticket.grant_scope('rg_ivy', 'rr')").unwrap();
     let mut ivy = as_role(db, "rg_ivy");
     ivy.batch_execute("BEGIN ISOLATION LEVEL SERIALIZABLE").unwrap();
     assert_eq!(value(&mut ivy, "SELECT next_scoped_id('rr', 'd')"), Ok(1));
@@ -247,7 +247,7 @@ fn a_grant_changed_meanwhile_does_not_fail_a_serializable_allocation() {
         .batch_execute(
             "BEGIN ISOLATION LEVEL SERIALIZABLE;
              SELECT mark FROM pgticket.scoped_counters WHERE queue = 'rr';
-             SELECT grant_scope('rg_ivy', 'other', 'x');
+             SELECT pgticket.grant_scope('rg_ivy', 'other', 'x');
              COMMIT;",
         )
         .unwrap();
@@ -258,7 +258,7 @@ fn a_grant_changed_meanwhile_does_not_fail_a_serializable_allocation() {
 fn grants_survive_a_dump_and_restore() {
     let db = "rights_dump";
     let mut admin = setup(db, &["rg_dave"], true);
-    admin.batch_execute("SELECT grant_scope('rg_dave', 'q*', 'd'); SELECT grant_block('rg_dave', 'pool')").unwrap();
+    admin.batch_execute("SELECT pgticket.grant_scope('rg_dave', 'q*', 'd'); SELECT pgticket.grant_block('rg_dave', 'pool')").unwrap();
     let c = cluster();
     let dump = c.dir.join("rights.dump");
     let (host, port) = (c.dir.to_str().unwrap().to_string(), c.port.to_string());
@@ -291,7 +291,7 @@ fn a_plain_role_sees_only_the_marks_and_cached_tickets_it_may_use() {
     let mut admin = setup(db, &["rg_erin"], true);
     admin
         .batch_execute(
-            "SELECT grant_scope('rg_erin', 'mine', '*'); SELECT grant_block('rg_erin', 'my-*');
+            "SELECT pgticket.grant_scope('rg_erin', 'mine', '*'); SELECT pgticket.grant_block('rg_erin', 'my-*');
              SELECT next_scoped_id('mine', 'a'), next_scoped_id('theirs', 'a');
              SELECT reserve_block('my-pool', 10), reserve_block('their-pool', 10);
              SELECT next_ticket('mine', 't'), next_ticket('theirs', 't');",
@@ -301,12 +301,12 @@ fn a_plain_role_sees_only_the_marks_and_cached_tickets_it_may_use() {
     let marks = "SELECT format('%s %s %s', kind, coalesce(queue, block_name), coalesce(domain, '-')) FROM pgticket.marks ORDER BY 1";
     let cache = "SELECT format('%s %s', queue, domain) FROM pgticket.ticket_cache ORDER BY 1";
     let mut erin = as_role(db, "rg_erin");
-    assert_eq!(rows(&mut erin, marks), ["block my-pool -", "scope mine a", "ticket mine t"]);
+    assert_eq!(rows(&mut erin, marks), ["block my-pool -", "scoped_id mine a", "ticket mine t"]);
     assert_eq!(rows(&mut erin, cache), ["mine t"]);
     assert_eq!(rows(&mut admin, marks).len(), 6, "the superuser sees every row");
     assert_eq!(rows(&mut admin, cache).len(), 2);
     let may: Vec<bool> = erin
-        .query_one("SELECT may_allocate('scope', 'mine', 'x'), may_allocate('ticket', 'theirs', 't'), may_allocate('block', 'my-x', NULL)", &[])
+        .query_one("SELECT pgticket.may_allocate('scoped_id', 'mine', 'x'), pgticket.may_allocate('ticket', 'theirs', 't'), pgticket.may_allocate('block', 'my-x', NULL)", &[])
         .map(|r| vec![r.get(0), r.get(1), r.get(2)])
         .unwrap();
     assert_eq!(may, [true, false, true]);
@@ -326,7 +326,7 @@ fn a_plain_role_sees_only_the_marks_and_cached_tickets_it_may_use() {
 fn off_lets_every_role_allocate_as_0_2_0_did_and_no_role_turns_it_off() {
     let db = "rights_off";
     let mut admin = setup(db, &["rg_frank"], false);
-    admin.batch_execute("SELECT grant_scope('rg_frank', 'only-this', 'one')").unwrap();
+    admin.batch_execute("SELECT pgticket.grant_scope('rg_frank', 'only-this', 'one')").unwrap();
     let mut frank = as_role(db, "rg_frank");
     assert_eq!(value(&mut frank, "SELECT next_scoped_id('anything', 'x')"), Ok(1));
     assert_eq!(value(&mut frank, "SELECT next_ticket('anything', 'x')"), Ok(1));
@@ -348,7 +348,7 @@ fn membership_set_role_and_bad_input() {
     admin
         .batch_execute(
             "ALTER ROLE rg_plain NOINHERIT; GRANT rg_group TO rg_heir; GRANT rg_group TO rg_plain;
-             SELECT grant_scope('rg_group', 'team', 'x');",
+             SELECT pgticket.grant_scope('rg_group', 'team', 'x');",
         )
         .unwrap();
     let take = "SELECT next_scoped_id('team', 'x')";
@@ -382,22 +382,22 @@ fn membership_set_role_and_bad_input() {
     refused(&mut plain, "SELECT next_scoped_id('anything', 'x')", r#"role "rg_plain""#);
 
     for (sql, state) in [
-        ("SELECT grant_scope(NULL, 'q')", "22004"),
-        ("SELECT grant_scope('rg_plain', NULL)", "22004"),
-        ("SELECT grant_scope('rg_plain', '')", "22023"),
-        ("SELECT grant_scope('rg_plain', 'q', '')", "22023"),
-        ("SELECT grant_scope('rg_plain', repeat('q', 256))", "22023"),
-        ("SELECT grant_block('rg_plain', repeat('q', 256) || '*x')", "22023"),
-        ("SELECT grant_scope('rg_nobody_at_all', 'q')", "42704"),
-        ("SELECT may_allocate('sequence', 'q', 'd')", "22023"),
+        ("SELECT pgticket.grant_scope(NULL, 'q')", "22004"),
+        ("SELECT pgticket.grant_scope('rg_plain', NULL)", "22004"),
+        ("SELECT pgticket.grant_scope('rg_plain', '')", "22023"),
+        ("SELECT pgticket.grant_scope('rg_plain', 'q', '')", "22023"),
+        ("SELECT pgticket.grant_scope('rg_plain', repeat('q', 256))", "22023"),
+        ("SELECT pgticket.grant_block('rg_plain', repeat('q', 256) || '*x')", "22023"),
+        ("SELECT pgticket.grant_scope('rg_nobody_at_all', 'q')", "42704"),
+        ("SELECT pgticket.may_allocate('sequence', 'q', 'd')", "22023"),
     ] {
         let err = admin.batch_execute(sql).unwrap_err();
         assert_eq!(sqlstate(&err), state, "{sql}: {err}");
     }
-    assert!(admin.batch_execute("SELECT grant_block('rg_plain', repeat('q', 255) || '*')").is_ok(), "a 255-byte prefix");
+    assert!(admin.batch_execute("SELECT pgticket.grant_block('rg_plain', repeat('q', 255) || '*')").is_ok(), "a 255-byte prefix");
     assert_eq!(count(&mut admin, "SELECT count(*) FROM pgticket.scope_grants WHERE role = 'rg_plain'::regrole"), 1);
     // Administration is not for PUBLIC.
-    for sql in ["SELECT grant_scope('rg_plain', 'q')", "SELECT revoke_scope('rg_group', 'team', 'x')", "SELECT grant_block('rg_plain', 'b')", "TABLE pgticket.scope_grants"] {
+    for sql in ["SELECT pgticket.grant_scope('rg_plain', 'q')", "SELECT pgticket.revoke_scope('rg_group', 'team', 'x')", "SELECT pgticket.grant_block('rg_plain', 'b')", "TABLE pgticket.scope_grants"] {
         let err = heir.batch_execute(sql).unwrap_err();
         assert_eq!(sqlstate(&err), "42501", "{sql}: {err}");
     }

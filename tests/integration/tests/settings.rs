@@ -98,7 +98,7 @@ fn the_space_is_recorded_at_first_use_and_a_registry_leases_only_in_its_database
     let c = Cluster::start("settings-space-3", 55522, &["pg_ticket.epoch = '2026-01-01'"]);
     let mut unused = c.fresh_db("never_stamped");
     let mut registry = c.fresh_db("registry");
-    let epoch: i64 = registry.query_one("SELECT epoch_ms FROM lease_machine_id('h1', '2 s')", &[]).unwrap().get(0);
+    let epoch: i64 = registry.query_one("SELECT epoch_ms FROM pgticket.lease_machine_id('h1', '2 s')", &[]).unwrap().get(0);
     assert_eq!(epoch, 1_767_225_600_000);
     let recorded: i64 = unused.query_one("SELECT count(*) FROM pgticket.id_space", &[]).unwrap().get(0);
     assert_eq!(recorded, 0, "a database that made no snowflake records no space");
@@ -115,8 +115,8 @@ fn the_space_is_recorded_at_first_use_and_a_registry_leases_only_in_its_database
     let mut unused = c.connect_as("postgres", "never_stamped");
     unused.query_one("SELECT snowflake_id()", &[]).expect("no space recorded: this server's is");
     let mut registry = c.connect_as("postgres", "registry");
-    registry.batch_execute("SELECT end_lease_hold_off()").unwrap();
-    let e = registry.query_one("SELECT epoch_ms FROM lease_machine_id('h2', '2 s')", &[]).unwrap_err();
+    registry.batch_execute("SELECT pgticket.end_lease_hold_off()").unwrap();
+    let e = registry.query_one("SELECT epoch_ms FROM pgticket.lease_machine_id('h2', '2 s')", &[]).unwrap_err();
     assert_eq!(sqlstate(&e), "55000", "a registry set for another epoch leases nothing: {e:?}");
     // A session that passed the check sees the space change under it.
     let mut pooled = c.connect_as("postgres", "never_stamped");

@@ -21,7 +21,7 @@ fn shard_and_millis(c: &mut Client, id: i64) -> (i32, i64) {
 /// New shards (no server issued them before) accepted at 0.
 fn accept_new(c: &mut Client, shards: &[i32]) {
     for shard in shards {
-        c.query_one("SELECT sharded_accept($1, 0)", &[shard]).unwrap();
+        c.query_one("SELECT pgticket.accept_shard($1, 0)", &[shard]).unwrap();
     }
 }
 
@@ -64,13 +64,13 @@ fn eight_clients_on_four_shards_never_share_an_id_and_each_shard_increases() {
     for (sql, state) in [
         ("SELECT sharded_id(4)", "55000"),
         ("SELECT sharded_id(5)", "55000"),
-        ("SELECT sharded_accept(5, 0)", "55000"),
+        ("SELECT pgticket.accept_shard(5, 0)", "55000"),
         ("SELECT sharded_id(4096)", "22023"),
         ("SELECT sharded_id(-1)", "22023"),
         ("SELECT sharded_id(NULL)", "22004"),
         ("SELECT shard_of('k', 0)", "22023"),
         ("SELECT shard_of('k', 4097)", "22023"),
-        ("SELECT sharded_release(0)", "55000"),
+        ("SELECT pgticket.release_shard(0)", "55000"),
         ("SELECT sharded_decode(-1)", "22023"),
     ] {
         let err = client.query_one(sql, &[]).unwrap_err();
@@ -130,7 +130,7 @@ fn a_promoted_standby_continues_each_shard_above_the_primary() {
     // WAL, so the standby has it released too, whatever its settings say.
     primary.reload_shards("1-2");
     let mut p = primary.connect();
-    p.query_one("SELECT sharded_release(3)", &[]).unwrap();
+    p.query_one("SELECT pgticket.release_shard(3)", &[]).unwrap();
     p.batch_execute("SELECT next_scoped_id('replayed', 'x')").unwrap();
     let deadline = Instant::now() + Duration::from_secs(30);
     while s.query_one("SELECT current_scoped_id('replayed', 'x')", &[]).unwrap().get::<_, i64>(0) < 1 {
@@ -160,14 +160,14 @@ fn a_shard_handed_over_never_goes_below_its_old_owners_last_id() {
     accept_new(&mut o, &[5]);
     let issued = ids(&mut o, 5, 5_000).unwrap();
     let last = *issued.iter().max().unwrap();
-    let err = o.query_one("SELECT sharded_release(5)", &[]).unwrap_err();
+    let err = o.query_one("SELECT pgticket.release_shard(5)", &[]).unwrap_err();
     assert_eq!(sqlstate(&err), "55000", "released while still owned: {err}");
 
     old.reload_shards("0-4,6-7");
     let mut o = old.connect();
-    let point: i64 = o.query_one("SELECT sharded_release(5)", &[]).unwrap().get(0);
+    let point: i64 = o.query_one("SELECT pgticket.release_shard(5)", &[]).unwrap().get(0);
     assert_eq!(point, last, "the handover point is the last ID issued");
-    let again: i64 = o.query_one("SELECT sharded_release(5)", &[]).unwrap().get(0);
+    let again: i64 = o.query_one("SELECT pgticket.release_shard(5)", &[]).unwrap().get(0);
     assert_eq!(again, point, "a lost answer is asked again");
     let err = ids(&mut o, 5, 1).unwrap_err();
     assert_eq!(sqlstate(&err), "55000", "{err}");
@@ -181,15 +181,15 @@ fn a_shard_handed_over_never_goes_below_its_old_owners_last_id() {
     assert_eq!(sqlstate(&err), "55000", "a released shard issued again after a restart: {err}");
 
     let mut n = new.connect();
-    let err = n.query_one("SELECT sharded_accept(5, $1)", &[&point]).unwrap_err();
+    let err = n.query_one("SELECT pgticket.accept_shard(5, $1)", &[&point]).unwrap_err();
     assert_eq!(sqlstate(&err), "55000", "accepted a shard not in pg_ticket.shards: {err}");
     new.reload_shards("5,8-15");
     let mut n = new.connect();
     let err = ids(&mut n, 5, 1).unwrap_err();
     assert_eq!(sqlstate(&err), "55000", "listed on the new owner before the handover: {err}");
-    let err = n.query_one("SELECT sharded_accept(5, $1)", &[&(point + 1024)]).unwrap_err();
+    let err = n.query_one("SELECT pgticket.accept_shard(5, $1)", &[&(point + 1024)]).unwrap_err();
     assert_eq!(sqlstate(&err), "22023", "another shard's ID as the handover point: {err}");
-    let first: i64 = n.query_one("SELECT sharded_accept(5, $1)", &[&point]).unwrap().get(0);
+    let first: i64 = n.query_one("SELECT pgticket.accept_shard(5, $1)", &[&point]).unwrap().get(0);
     assert!(first > point);
     assert!(ids(&mut n, 5, 2_000).unwrap().iter().all(|id| *id > point));
     // A crash of the new owner: still above the point.
@@ -201,7 +201,7 @@ fn a_shard_handed_over_never_goes_below_its_old_owners_last_id() {
     // Administration is not for PUBLIC.
     n.batch_execute("CREATE ROLE shard_plain LOGIN").unwrap();
     let mut plain = new.connect_as("shard_plain", "postgres");
-    for sql in ["SELECT sharded_release(9)", "SELECT sharded_accept(9, 0)"] {
+    for sql in ["SELECT pgticket.release_shard(9)", "SELECT pgticket.accept_shard(9, 0)"] {
         let err = plain.query_one(sql, &[]).unwrap_err();
         assert_eq!(sqlstate(&err), "42501", "{sql}: {err}");
     }
@@ -219,7 +219,7 @@ fn an_accept_in_a_database_of_another_id_space_is_refused_and_accepts_nothing() 
     restored
         .batch_execute("INSERT INTO pgticket.id_space (epoch_ms, machine_bits) VALUES (1780272000000, 10)")
         .unwrap();
-    let err = restored.query_one("SELECT sharded_accept(2, 0)", &[]).unwrap_err();
+    let err = restored.query_one("SELECT pgticket.accept_shard(2, 0)", &[]).unwrap_err();
     assert_eq!(sqlstate(&err), "55000", "{err}");
     assert!(err.as_db_error().unwrap().message().contains("this database (pgticket.id_space"), "{err}");
     let mut admin = c.connect();

@@ -29,7 +29,7 @@ fn server_runs(c: &Cluster) -> bool {
     Client::connect(&c.dsn(), postgres::NoTls).and_then(|mut k| k.simple_query("SELECT 1").map(|_| ())).is_ok()
 }
 
-/// SPEC §17.2: `sharded_release` logs its record (standbys replay it),
+/// SPEC §17.2: `pgticket.release_shard` logs its record (standbys replay it),
 /// then its file write fails. 0.3.0 answered with an error and ran on with
 /// the old book, so a clean restart with the shard listed issued it
 /// again. Now the server stops at the failed write, does not start while
@@ -39,12 +39,12 @@ fn server_runs(c: &Cluster) -> bool {
 fn a_release_whose_book_write_failed_is_not_forgotten_at_the_next_start() {
     let c = Cluster::start("bookwrite", 55600, &["pg_ticket.shards = '0-3'"]);
     let mut admin = c.connect();
-    admin.query_one("SELECT sharded_accept(1, 0)", &[]).unwrap();
+    admin.query_one("SELECT pgticket.accept_shard(1, 0)", &[]).unwrap();
     admin.query_one("SELECT max(sharded_id(1)) FROM generate_series(1, 1000)", &[]).unwrap();
     c.reload_shards("0,2-3");
     let blocker = block_writes_of(&c, "pg_ticket_shards.book");
     let mut admin = c.connect();
-    let released = admin.query_one("SELECT sharded_release(1)", &[]);
+    let released = admin.query_one("SELECT pgticket.release_shard(1)", &[]);
     assert!(released.is_err(), "a release whose book write failed must not succeed");
 
     // Stopped at the failure (PANIC), and not started again while the book
@@ -108,7 +108,7 @@ fn an_old_base_backup_started_in_a_servers_place_holds_its_accepted_shards() {
     let a = Cluster::start("sf-a", 55604, &["pg_ticket.shards = '2'", "pg_ticket.machine_id = 1"]);
     let b = Cluster::start("sf-b", 55605, &["pg_ticket.shards = '2'", "pg_ticket.machine_id = 2"]);
     let mut on_a = a.connect();
-    on_a.query_one("SELECT sharded_accept(2, 0)", &[]).unwrap();
+    on_a.query_one("SELECT pgticket.accept_shard(2, 0)", &[]).unwrap();
     let issued_by_a: i64 = on_a.query_one("SELECT max(sharded_id(2)) FROM generate_series(1, 1000)", &[]).unwrap().get(0);
 
     let copy_dir = std::path::PathBuf::from("/tmp/pgt-sf-a-backup");
@@ -119,9 +119,9 @@ fn an_old_base_backup_started_in_a_servers_place_holds_its_accepted_shards() {
 
     // The handover, as docs/reference.md gives it.
     a.reload_shards("");
-    let point: i64 = a.connect().query_one("SELECT sharded_release(2)", &[]).unwrap().get(0);
+    let point: i64 = a.connect().query_one("SELECT pgticket.release_shard(2)", &[]).unwrap().get(0);
     let mut on_b = b.connect();
-    on_b.query_one("SELECT sharded_accept(2, $1)", &[&point]).unwrap();
+    on_b.query_one("SELECT pgticket.accept_shard(2, $1)", &[&point]).unwrap();
     on_b.query_one("SELECT max(sharded_id(2)) FROM generate_series(1, 1000)", &[]).unwrap();
     drop(on_a);
     a.stop_with("immediate");
@@ -135,7 +135,7 @@ fn an_old_base_backup_started_in_a_servers_place_holds_its_accepted_shards() {
         let err = c.connect_when_ready().query_one("SELECT sharded_id(2)", &[]).expect_err("the copy does not issue the moved shard");
         assert_eq!(sqlstate(&err), "55000", "{err}");
         let text = err.as_db_error().unwrap().message().to_string();
-        assert!(text.contains("shard 2 is held") && text.contains("sharded_accept(2, 0)"), "{text}");
+        assert!(text.contains("shard 2 is held") && text.contains("pgticket.accept_shard(2, 0)"), "{text}");
     };
     held(&copy);
     copy.stop();
@@ -151,8 +151,8 @@ fn an_old_base_backup_started_in_a_servers_place_holds_its_accepted_shards() {
 
     // Handed back from B, the copy issues above everything B issued.
     b.reload_shards("");
-    let point: i64 = b.connect().query_one("SELECT sharded_release(2)", &[]).unwrap().get(0);
-    let first: i64 = copy.connect().query_one("SELECT sharded_accept(2, $1)", &[&point]).unwrap().get(0);
+    let point: i64 = b.connect().query_one("SELECT pgticket.release_shard(2)", &[]).unwrap().get(0);
+    let first: i64 = copy.connect().query_one("SELECT pgticket.accept_shard(2, $1)", &[&point]).unwrap().get(0);
     assert!(first > last_of_b && first > issued_by_a, "{first} is above B's {last_of_b} and A's {issued_by_a}");
     copy.connect().query_one("SELECT sharded_id(2)", &[]).expect("accepted again, it issues");
     copy.stop();

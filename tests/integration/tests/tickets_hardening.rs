@@ -100,7 +100,7 @@ fn a_database_recreated_with_its_oid_from_a_template_never_serves_the_dropped_on
     assert_eq!(tickets(&mut db, "q", 200), (1..=200).collect::<Vec<i64>>());
 }
 
-/// Found by review: advance_ticket judged "never back" by the row only, so
+/// Found by review: pgticket.advance_ticket judged "never back" by the row only, so
 /// after a DELETE it moved a cached scope back below what was handed out.
 #[test]
 fn advance_ticket_never_moves_below_what_the_cache_reserved() {
@@ -114,7 +114,7 @@ fn advance_ticket_never_moves_below_what_the_cache_reserved() {
          ALTER TABLE pgticket.tickets ENABLE ALWAYS TRIGGER never_emptied",
     )
     .unwrap();
-    let err = db.query_one("SELECT advance_ticket('r', 'd', 0)", &[]).unwrap_err();
+    let err = db.query_one("SELECT pgticket.advance_ticket('r', 'd', 0)", &[]).unwrap_err();
     assert_eq!(sqlstate(&err), "22023", "{err:?}");
     let next = tickets(&mut db, "r", 1)[0];
     assert!(next > *taken.last().unwrap(), "{next} after {taken:?}");
@@ -145,7 +145,7 @@ fn a_setting_changed_by_the_owners_trigger_does_not_leak_into_the_callers_sessio
         )
         .unwrap();
     let before: String = db.query_one("SHOW search_path", &[]).unwrap().get(0);
-    for call in ["SELECT next_scoped_id('leak', 'd')", "SELECT advance_ticket('leak', 'd', 10)"] {
+    for call in ["SELECT next_scoped_id('leak', 'd')", "SELECT pgticket.advance_ticket('leak', 'd', 10)"] {
         db.query_one(call, &[]).unwrap();
         let after: String = db.query_one("SHOW search_path", &[]).unwrap().get(0);
         assert_eq!(after, before, "{call} left the owner's search_path in the session");
@@ -229,7 +229,7 @@ fn advance_ticket_runs_as_the_tickets_tables_owner_not_the_counters() {
          ALTER TABLE pgticket.scoped_counters OWNER TO counters_owner_carol;",
     )
     .unwrap();
-    let mark: i64 = db.query_one("SELECT advance_ticket('adv', 'd', 100)", &[]).unwrap().get(0);
+    let mark: i64 = db.query_one("SELECT pgticket.advance_ticket('adv', 'd', 100)", &[]).unwrap().get(0);
     assert_eq!(mark, 100);
     assert_eq!(tickets(&mut db, "adv", 1), vec![101]);
 }
@@ -259,11 +259,11 @@ fn a_locked_scope_stalls_only_itself_and_our_own_lock_is_refused_at_once() {
     let mut holder = c.fresh_db("t_locks");
     let mut other = c.connect_as("postgres", "t_locks");
     let mut tx = holder.transaction().unwrap();
-    tx.query_one("SELECT advance_ticket('held', 'x', 10)", &[]).unwrap();
+    tx.query_one("SELECT pgticket.advance_ticket('held', 'x', 10)", &[]).unwrap();
     // A committed scope locked by an open advance too (its row updated: an
     // INSERT ... ON CONFLICT would wait for that transaction).
     tickets(&mut other, "held-old", 1);
-    tx.query_one("SELECT advance_ticket('held-old', 'd', 100)", &[]).unwrap();
+    tx.query_one("SELECT pgticket.advance_ticket('held-old', 'd', 100)", &[]).unwrap();
     // Someone waits for it meanwhile, so the worker keeps trying it.
     let waiter = std::thread::spawn({
         let dsn = c.dsn_as("postgres", "t_locks");
@@ -293,19 +293,19 @@ fn a_locked_scope_stalls_only_itself_and_our_own_lock_is_refused_at_once() {
     // (a scope of its own: the worker may now create 'held' for the waiter
     // above and reserve a first segment of it).
     let mut tx = holder.transaction().unwrap();
-    tx.batch_execute("SELECT advance_ticket('nested', 'x', 5); SAVEPOINT a; SELECT advance_ticket('nested', 'x', 7); ROLLBACK TO SAVEPOINT a")
+    tx.batch_execute("SELECT pgticket.advance_ticket('nested', 'x', 5); SAVEPOINT a; SELECT pgticket.advance_ticket('nested', 'x', 7); ROLLBACK TO SAVEPOINT a")
         .unwrap();
     let err = tx.query_one("SELECT next_ticket('nested', 'x')", &[]).unwrap_err();
     assert!(err.as_db_error().unwrap().message().contains("in this transaction"), "{err:?}");
     drop(tx);
     let mut tx = holder.transaction().unwrap();
-    tx.query_one("SELECT advance_ticket('nested', 'x', 10)", &[]).unwrap();
+    tx.query_one("SELECT pgticket.advance_ticket('nested', 'x', 10)", &[]).unwrap();
     tx.commit().unwrap();
     let t: i64 = other.query_one("SELECT next_ticket('nested', 'x')", &[]).unwrap().get(0);
     assert_eq!(t, 11);
     // A savepoint rolled back releases the lock: nothing to refuse.
     let mut tx = holder.transaction().unwrap();
-    tx.batch_execute("SAVEPOINT s; SELECT advance_ticket('rolled', 'x', 50); ROLLBACK TO SAVEPOINT s").unwrap();
+    tx.batch_execute("SAVEPOINT s; SELECT pgticket.advance_ticket('rolled', 'x', 50); ROLLBACK TO SAVEPOINT s").unwrap();
     let t: i64 = tx.query_one("SELECT next_ticket('rolled', 'x')", &[]).unwrap().get(0);
     assert_eq!(t, 1);
     tx.commit().unwrap();
@@ -317,7 +317,7 @@ fn a_locked_scope_stalls_only_itself_and_our_own_lock_is_refused_at_once() {
 fn every_cached_ticket_is_handed_out_before_the_top_of_bigint_is_reported() {
     let c = cluster();
     let mut db = c.fresh_db("t_top");
-    db.query_one("SELECT advance_ticket('top', 'x', 9223372036854775807 - 100)", &[]).unwrap();
+    db.query_one("SELECT pgticket.advance_ticket('top', 'x', 9223372036854775807 - 100)", &[]).unwrap();
     let mut got = Vec::new();
     let err = loop {
         match db.query_one("SELECT next_ticket('top', 'x')", &[]) {
@@ -414,7 +414,7 @@ fn a_locked_scope_under_a_synchronous_standby_waits_for_its_lock() {
     assert_eq!(tickets(&mut p, "locked", 1), vec![1]);
     let mut holder = primary.connect();
     let mut tx = holder.transaction().unwrap();
-    tx.query_one("SELECT advance_ticket('locked', 'd', 5000)", &[]).unwrap();
+    tx.query_one("SELECT pgticket.advance_ticket('locked', 'd', 5000)", &[]).unwrap();
     let mut other = primary.connect();
     for _ in 0..2 {
         let err = other.query_one("SELECT next_ticket('locked', 'd')", &[]).unwrap_err();
@@ -436,7 +436,7 @@ fn many_scopes_held_by_a_prepared_transaction_do_not_stall_fresh_ones() {
     let c = cluster();
     let mut db = c.fresh_db("t_prepared_locks");
     db.batch_execute(
-        "BEGIN; SELECT count(advance_ticket('held-' || i, 'd', 100)) FROM generate_series(1, 25) i;
+        "BEGIN; SELECT count(pgticket.advance_ticket('held-' || i, 'd', 100)) FROM generate_series(1, 25) i;
          PREPARE TRANSACTION 't_prepared_locks';",
     )
     .unwrap();

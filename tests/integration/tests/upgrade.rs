@@ -106,6 +106,7 @@ fn an_upgrade_from_0_1_0_keeps_every_mark_and_ends_as_a_fresh_install() {
     assert_eq!(one(&mut old, "SELECT next_scoped_id('up', 'd')"), 1);
     assert_eq!(one(&mut old, "SELECT next_scoped_id('up', 'd')"), 2);
     assert_eq!(one(&mut old, "SELECT last_id FROM reserve_block('up', 10)"), 10);
+    // 0.1.0's names, before the update (0.4.0 moves and renames them).
     assert_eq!(one(&mut old, "SELECT advance_scoped_id('imported', 'd', 500)"), 500);
     assert_eq!(one(&mut old, "SELECT advance_block_mark('imported', 70)"), 70);
     assert_eq!(one(&mut old, "SELECT current_scoped_id('up', 'd')"), 2);
@@ -113,8 +114,13 @@ fn an_upgrade_from_0_1_0_keeps_every_mark_and_ends_as_a_fresh_install() {
     let flake = one(&mut old, "SELECT snowflake_id()");
     let machine: i32 = old.query_one("SELECT machine_id FROM snowflake_decode($1)", &[&flake]).unwrap().get(0);
     assert_eq!(machine, 0);
-    let before: Vec<(String, i64)> =
-        old.query("SELECT kind || ':' || coalesce(queue, block_name), mark FROM pgticket.marks ORDER BY 1", &[]).unwrap().iter().map(|r| (r.get(0), r.get(1))).collect();
+    // 0.4.0 names the kinds of allocator scoped_id, ticket and block.
+    let before: Vec<(String, i64)> = old
+        .query("SELECT replace(kind, 'scope', 'scoped_id') || ':' || coalesce(queue, block_name), mark FROM pgticket.marks ORDER BY 1", &[])
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
 
     old.batch_execute("ALTER EXTENSION pg_ticket UPDATE").unwrap();
     assert_eq!(old.query_one("SELECT extversion FROM pg_extension WHERE extname = 'pg_ticket'", &[]).unwrap().get::<_, String>(0), current());
@@ -170,12 +176,12 @@ fn an_upgrade_from_0_2_0_keeps_marks_tickets_and_live_leases_and_ends_as_a_fresh
     assert!(one(&mut old, "SELECT next_ticket('up2', 'd')") > ticket);
     // The live lease is kept, holds its id to its end, and is not renewed
     // (no secret proves its holder); the updated registry holds off once.
-    let err = old.query_one("SELECT renew_machine_id($1, $2, $3, '10 minutes')", &[&id, &token, &"0".repeat(32)]).unwrap_err();
+    let err = old.query_one("SELECT pgticket.renew_machine_id($1, $2, $3, '10 minutes')", &[&id, &token, &"0".repeat(32)]).unwrap_err();
     assert_eq!(sqlstate(&err), "55000");
     assert!(err.as_db_error().unwrap().message().contains("without a secret"), "{err}");
-    let state: String = old.query_one("SELECT state FROM pgticket.machine_leases WHERE machine_id = $1", &[&id]).unwrap().get(0);
+    let state: String = old.query_one("SELECT state FROM pgticket.machine_ids WHERE machine_id = $1", &[&id]).unwrap().get(0);
     assert_eq!(state, "held");
-    let err = old.query_one("SELECT machine_id FROM lease_machine_id('after-update', '10 minutes')", &[]).unwrap_err();
+    let err = old.query_one("SELECT machine_id FROM pgticket.lease_machine_id('after-update', '10 minutes')", &[]).unwrap_err();
     assert!(err.as_db_error().unwrap().message().contains("grants again in"), "{err}");
 
     let mut new = c.connect_as("postgres", "fresh_030");
@@ -195,7 +201,8 @@ fn an_upgrade_from_0_3_0_keeps_marks_tickets_and_live_leases_and_ends_as_a_fresh
     assert_eq!(one(&mut old, "SELECT last_id FROM reserve_block('up3', 10)"), 10);
     let ticket = one(&mut old, "SELECT next_ticket('up3', 'd')");
     let flake = one(&mut old, "SELECT snowflake_id()");
-    // A live lease with its secret, granted by 0.3.0's functions.
+    // A live lease with its secret, granted by 0.3.0's functions (0.3.0's
+    // names, before the update).
     old.batch_execute("SELECT end_lease_hold_off()").unwrap();
     let (id, token, secret): (i32, i64, String) = old
         .query_one("SELECT machine_id, lease, secret FROM lease_machine_id('upgrade-holder', '10 minutes')", &[])
@@ -209,11 +216,54 @@ fn an_upgrade_from_0_3_0_keeps_marks_tickets_and_live_leases_and_ends_as_a_fresh
     assert!(one(&mut old, "SELECT next_ticket('up3', 'd')") > ticket);
     assert!(one(&mut old, "SELECT snowflake_id()") > flake);
     // The live lease is kept and its holder renews it with its secret.
-    old.query_one("SELECT renew_machine_id($1, $2, $3, '10 minutes')", &[&id, &token, &secret]).unwrap();
-    let state: String = old.query_one("SELECT state FROM pgticket.machine_leases WHERE machine_id = $1", &[&id]).unwrap().get(0);
+    old.query_one("SELECT pgticket.renew_machine_id($1, $2, $3, '10 minutes')", &[&id, &token, &secret]).unwrap();
+    let state: String = old.query_one("SELECT state FROM pgticket.machine_ids WHERE machine_id = $1", &[&id]).unwrap().get(0);
     assert_eq!(state, "held");
 
     let mut new = c.connect_as("postgres", "fresh_040");
     new.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
     assert_same_objects(&mut old, &mut new);
+}
+
+/// SPEC §18.3: every function, table, view and sequence of the extension has
+/// a comment (`\df+` and `\dx+` read well), and only the everyday
+/// allocators are outside the extension's own schema `pgticket`.
+#[test]
+fn every_object_says_what_it_is_and_only_the_allocators_live_outside_pgticket() {
+    let c = shared_cluster("upgrade", 55435, &[]);
+    let mut admin = c.connect();
+    admin.batch_execute("CREATE DATABASE commented").unwrap();
+    let mut db = c.connect_as("postgres", "commented");
+    db.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
+    let silent: Vec<String> = db
+        .query(
+            "SELECT pg_describe_object(d.classid, d.objid, 0) FROM pg_depend d JOIN pg_extension e ON e.oid = d.refobjid
+              WHERE e.extname = 'pg_ticket' AND d.deptype = 'e' AND d.classid IN ('pg_proc'::regclass, 'pg_class'::regclass)
+                AND obj_description(d.objid, CASE WHEN d.classid = 'pg_proc'::regclass THEN 'pg_proc' ELSE 'pg_class' END) IS NULL
+                AND NOT EXISTS (SELECT FROM pg_class i WHERE i.oid = d.objid AND d.classid = 'pg_class'::regclass AND i.relkind IN ('i', 't'))
+              ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(silent.is_empty(), "objects without a comment: {silent:#?}");
+    let outside: Vec<String> = db
+        .query(
+            "SELECT p.proname::text FROM pg_proc p JOIN pg_depend d ON d.objid = p.oid AND d.classid = 'pg_proc'::regclass AND d.deptype = 'e'
+               JOIN pg_extension e ON e.oid = d.refobjid AND e.extname = 'pg_ticket'
+              WHERE p.pronamespace <> 'pgticket'::regnamespace ORDER BY 1",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let everyday = [
+        "assign_scoped_id", "assign_ticket", "current_block_mark", "current_scoped_id", "next_scoped_id", "next_ticket", "number_rows",
+        "reserve_block", "shard_of", "sharded_decode", "sharded_id", "sharded_max_id", "sharded_min_id", "snowflake_decode", "snowflake_id",
+        "snowflake_max_id", "snowflake_min_id",
+    ];
+    assert_eq!(outside, everyday, "the everyday allocators, and nothing else, live where the extension was created");
 }

@@ -337,9 +337,9 @@ fn make_synchronous(primary: &Server) -> Result<(), postgres::Error> {
 pub fn create_extension(server: &Server, db: &str) -> Result<(), postgres::Error> {
     let mut c = server.connect(db)?;
     c.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_ticket")?;
-    let has_hold_off = c.query_one("SELECT count(*) FROM pg_proc WHERE proname = 'end_lease_hold_off'", &[])?.get::<_, i64>(0) > 0;
+    let has_hold_off = c.query_one("SELECT count(*) FROM pg_proc WHERE proname = 'pgticket.end_lease_hold_off'", &[])?.get::<_, i64>(0) > 0;
     if has_hold_off {
-        c.batch_execute("SELECT end_lease_hold_off()")?;
+        c.batch_execute("SELECT pgticket.end_lease_hold_off()")?;
     }
     Ok(())
 }

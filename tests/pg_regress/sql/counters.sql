@@ -72,20 +72,20 @@ SELECT * FROM reserve_block('worker-pool', 2000000000000);
 SELECT current_block_mark('worker-pool');
 
 -- Overflow at 2^63-1: refused, the mark left as it was.
-SELECT advance_scoped_id('edge', 'top', 9223372036854775806);
+SELECT pgticket.advance_scoped_id('edge', 'top', 9223372036854775806);
 SELECT next_scoped_id('edge', 'top');
 SELECT next_scoped_id('edge', 'top');
 \echo :LAST_ERROR_SQLSTATE
 SELECT current_scoped_id('edge', 'top');
-SELECT advance_block_mark('edge', 9223372036854775800);
+SELECT pgticket.advance_block('edge', 9223372036854775800);
 SELECT * FROM reserve_block('edge', 8);
 \echo :LAST_ERROR_SQLSTATE
 SELECT * FROM reserve_block('edge', 7);
 
 -- Marks move forward, never back.
-SELECT advance_scoped_id('demo-queue', 'request', 2);
+SELECT pgticket.advance_scoped_id('demo-queue', 'request', 2);
 \echo :LAST_ERROR_SQLSTATE
-SELECT advance_scoped_id('demo-queue', 'request', 1000);
+SELECT pgticket.advance_scoped_id('demo-queue', 'request', 1000);
 SELECT next_scoped_id('demo-queue', 'request');
 
 -- Read-only transactions cannot allocate.

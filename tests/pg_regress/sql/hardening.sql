@@ -117,7 +117,7 @@ INSERT INTO "facturé" (shop) VALUES ('boutique');
 SELECT no FROM "facturé";
 CREATE TABLE "petite_facturé" (no smallint, shop text);
 CREATE TRIGGER number_it BEFORE INSERT ON "petite_facturé" FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'shop', 'petite');
-SELECT advance_scoped_id('boutique', 'petite', 32767);
+SELECT pgticket.advance_scoped_id('boutique', 'petite', 32767);
 INSERT INTO "petite_facturé" (shop) VALUES ('boutique');
 \echo :LAST_ERROR_SQLSTATE
 CREATE TABLE "mal_nommé" (no bigint, shop text);

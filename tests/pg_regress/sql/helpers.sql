@@ -131,27 +131,27 @@ EXPLAIN (COSTS OFF) SELECT * FROM event_h
 RESET enable_seqscan;
 
 -- 32-bit series: a ceiling per scope.
-SELECT set_scoped_limit('t32', 'd', 3);
+SELECT pgticket.set_scoped_id_limit('t32', 'd', 3);
 SELECT next_scoped_id('t32', 'd') FROM generate_series(1, 3);
 SELECT next_scoped_id('t32', 'd');
 \echo :LAST_ERROR_SQLSTATE
 SELECT current_scoped_id('t32', 'd') AS mark_stays;
-SELECT set_scoped_limit('t32', 'd', 2);
+SELECT pgticket.set_scoped_id_limit('t32', 'd', 2);
 \echo :LAST_ERROR_SQLSTATE
-SELECT set_scoped_limit('t32', 'd', 2147483647);
+SELECT pgticket.set_scoped_id_limit('t32', 'd', 2147483647);
 SELECT next_scoped_id('t32', 'd');
-SELECT advance_scoped_id('t32', 'd', 2147483648);
+SELECT pgticket.advance_scoped_id('t32', 'd', 2147483648);
 \echo :LAST_ERROR_SQLSTATE
 -- A limit set in a rolled-back savepoint goes with it.
 BEGIN;
 SAVEPOINT s;
-SELECT set_scoped_limit('t32', 'd', 5);
+SELECT pgticket.set_scoped_id_limit('t32', 'd', 5);
 ROLLBACK TO SAVEPOINT s;
 SELECT next_scoped_id('t32', 'd'), next_scoped_id('t32', 'd');
 COMMIT;
 SELECT kind, queue, domain, mark, remaining, max_mark FROM pgticket.marks WHERE queue = 't32';
 -- Blocks too.
-SELECT set_block_limit('b32', 10);
+SELECT pgticket.set_block_limit('b32', 10);
 SELECT * FROM reserve_block('b32', 6);
 SELECT * FROM reserve_block('b32', 6);
 \echo :LAST_ERROR_SQLSTATE
@@ -159,7 +159,7 @@ SELECT * FROM reserve_block('b32', 4);
 -- An integer column fed by a limited series never overflows it.
 CREATE TABLE small_h (k text, no integer);
 CREATE TRIGGER number_small BEFORE INSERT ON small_h FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'k', 'small');
-SELECT advance_scoped_id('big', 'small', 2147483647);
+SELECT pgticket.advance_scoped_id('big', 'small', 2147483647);
 INSERT INTO small_h (k) VALUES ('big');
 \echo :LAST_ERROR_SQLSTATE
 
@@ -174,10 +174,10 @@ SELECT machine_id, machine_id_source FROM pgticket.status;
 CREATE ROLE status_reader;
 SET ROLE status_reader;
 SELECT preloaded FROM pgticket.status;
-SELECT reset_ticket_status();
+SELECT pgticket.reset_status();
 \echo :LAST_ERROR_SQLSTATE
 RESET ROLE;
-SELECT reset_ticket_status();
+SELECT pgticket.reset_status();
 SELECT refusals_overflow, refusals_clock_behind, refusals_read_only, reset_at IS NOT NULL AS was_reset FROM pgticket.status;
 BEGIN READ ONLY;
 SELECT next_scoped_id('t32', 'd');
@@ -217,7 +217,7 @@ SELECT queue, mark FROM pgticket.marks WHERE domain = 'moment';
 -- domain that allows 1..100).
 CREATE TABLE narrow_h (no numeric(3,0), k text);
 CREATE TRIGGER number_narrow BEFORE INSERT ON narrow_h FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'k', 'narrow');
-SELECT advance_scoped_id('n', 'narrow', 997);
+SELECT pgticket.advance_scoped_id('n', 'narrow', 997);
 INSERT INTO narrow_h (k) VALUES ('n'), ('n');
 INSERT INTO narrow_h (k) VALUES ('n');
 \echo :LAST_ERROR_SQLSTATE
@@ -225,7 +225,7 @@ SELECT no FROM narrow_h ORDER BY no;
 CREATE DOMAIN percent_h AS integer CHECK (VALUE BETWEEN 1 AND 100);
 CREATE TABLE pct_h (no percent_h, k text);
 CREATE TRIGGER number_pct BEFORE INSERT ON pct_h FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'k', 'pct');
-SELECT advance_scoped_id('p', 'pct', 99);
+SELECT pgticket.advance_scoped_id('p', 'pct', 99);
 INSERT INTO pct_h (k) VALUES ('p');
 INSERT INTO pct_h (k) VALUES ('p');
 \echo :LAST_ERROR_SQLSTATE
@@ -248,7 +248,7 @@ CREATE TABLE round_h (no numeric(3,-1), k text);
 CREATE TRIGGER number_round BEFORE INSERT ON round_h FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'k', 'round');
 INSERT INTO round_h (k) VALUES ('r');
 \echo :LAST_ERROR_SQLSTATE
-SELECT advance_scoped_id('r', 'round', 9);
+SELECT pgticket.advance_scoped_id('r', 'round', 9);
 INSERT INTO round_h (k) VALUES ('r');
 SELECT no FROM round_h;
 -- 0.3.0: string resource IDs (SPEC §15): a text or varchar id column gets
@@ -268,7 +268,7 @@ INSERT INTO request (queue, id) VALUES ('demo-queue', 'demo-queue/4');   -- a UR
 -- varchar(n): a value that does not fit is refused, as an INSERT of it would be.
 CREATE TABLE short_h (k text, id varchar(1));
 SELECT number_rows('short_h', 'id', 'k', domain => 'short');
-SELECT advance_scoped_id('s', 'short', 8);
+SELECT pgticket.advance_scoped_id('s', 'short', 8);
 INSERT INTO short_h (k) VALUES ('s') RETURNING id;
 INSERT INTO short_h (k) VALUES ('s') RETURNING id;
 \echo :LAST_ERROR_SQLSTATE

@@ -10,10 +10,10 @@ CREATE EXTENSION pg_ticket;
 -- this database before it: DROP EXTENSION forgets its leases); an
 -- administrator vouches for a registry new to its fleet.
 \set VERBOSITY sqlstate
-SELECT * FROM lease_machine_id('too-early');
+SELECT * FROM pgticket.lease_machine_id('too-early');
 \set VERBOSITY default
-SELECT end_lease_hold_off() AS ended;
-SELECT end_lease_hold_off() AS ended_again;
+SELECT pgticket.end_lease_hold_off() AS ended;
+SELECT pgticket.end_lease_hold_off() AS ended_again;
 
 -- Errors as a caller sees them, with the caller's own token (Unix
 -- microseconds since the registry settled) written T.
@@ -34,17 +34,17 @@ SHOW pg_ticket.machine_id;
 
 -- A lease taken in a rolled-back transaction grants nothing.
 BEGIN;
-SELECT machine_id FROM lease_machine_id('rolled-back');
-SELECT machine_id, holder, state FROM pgticket.machine_leases;
+SELECT machine_id FROM pgticket.lease_machine_id('rolled-back');
+SELECT machine_id, holder, state FROM pgticket.machine_ids;
 ROLLBACK;
-SELECT count(*) AS leases FROM pgticket.machine_leases;
+SELECT count(*) AS leases FROM pgticket.machine_ids;
 
-CREATE TEMP TABLE granted AS SELECT * FROM lease_machine_id('worker-a');
-INSERT INTO granted SELECT * FROM lease_machine_id('worker-b', '5 minutes');
-INSERT INTO granted SELECT * FROM lease_machine_id('worker-c', '1 second');
+CREATE TEMP TABLE granted AS SELECT * FROM pgticket.lease_machine_id('worker-a');
+INSERT INTO granted SELECT * FROM pgticket.lease_machine_id('worker-b', '5 minutes');
+INSERT INTO granted SELECT * FROM pgticket.lease_machine_id('worker-c', '1 second');
 -- Never the own id 0; never leased ids first; fencing tokens increase;
 -- the epoch is this server's; expiry is the ttl from now; not_before_ms is
--- where the hold-off ended (by end_lease_hold_off() above: already past).
+-- where the hold-off ended (by pgticket.end_lease_hold_off() above: already past).
 SELECT machine_id, lease > lag(lease) OVER (ORDER BY lease) AS token_increases,
        not_before_ms BETWEEN (extract(epoch FROM now() - interval '1 hour') * 1000)::bigint
                          AND (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS not_before_passed,
@@ -53,9 +53,9 @@ SELECT machine_id, lease > lag(lease) OVER (ORDER BY lease) AS token_increases,
   FROM granted ORDER BY lease;
 -- Every id held: 53400 (the message says how many and when one frees).
 \set VERBOSITY sqlstate
-SELECT * FROM lease_machine_id('worker-d');
+SELECT * FROM pgticket.lease_machine_id('worker-d');
 \set VERBOSITY default
-SELECT machine_id, holder, state FROM pgticket.machine_leases ORDER BY machine_id;
+SELECT machine_id, holder, state FROM pgticket.machine_ids ORDER BY machine_id;
 -- Leases are never emptied or rewound (55000): a row gone would let its id
 -- be granted while its holder stamps.
 \set VERBOSITY sqlstate
@@ -71,62 +71,62 @@ SELECT count(DISTINCT secret) AS secrets, bool_and(secret ~ '^[0-9a-f]{32}$') AS
 SELECT count(*) AS stored_anywhere FROM pgticket.machine_id_leases l, granted g
  WHERE l.secret_hash = decode(g.secret, 'hex') OR l.holder = g.secret;
 -- Renew: only the current live lease, by its token and secret.
-SELECT renew_machine_id(g.machine_id, g.lease, g.secret, '2 minutes', 1234) > now() + interval '1 minute' AS renewed
+SELECT pgticket.renew_machine_id(g.machine_id, g.lease, g.secret, '2 minutes', 1234) > now() + interval '1 minute' AS renewed
   FROM granted g WHERE machine_id = 1;
 -- A wrong token and a wrong secret get the same answer, naming no token.
-SELECT pg_temp.attempt('SELECT renew_machine_id(g.machine_id, g.lease + 100, g.secret) FROM granted g WHERE machine_id = 1');
-SELECT pg_temp.attempt('SELECT renew_machine_id(g.machine_id, g.lease, o.secret) FROM granted g, granted o WHERE g.machine_id = 1 AND o.machine_id = 2');
-SELECT pg_temp.attempt('SELECT release_machine_id(g.machine_id, g.lease, o.secret) FROM granted g, granted o WHERE g.machine_id = 1 AND o.machine_id = 2');
-SELECT renew_machine_id(g.machine_id, g.lease, 'not hex') FROM granted g WHERE machine_id = 1;
+SELECT pg_temp.attempt('SELECT pgticket.renew_machine_id(g.machine_id, g.lease + 100, g.secret) FROM granted g WHERE machine_id = 1');
+SELECT pg_temp.attempt('SELECT pgticket.renew_machine_id(g.machine_id, g.lease, o.secret) FROM granted g, granted o WHERE g.machine_id = 1 AND o.machine_id = 2');
+SELECT pg_temp.attempt('SELECT pgticket.release_machine_id(g.machine_id, g.lease, o.secret) FROM granted g, granted o WHERE g.machine_id = 1 AND o.machine_id = 2');
+SELECT pgticket.renew_machine_id(g.machine_id, g.lease, 'not hex') FROM granted g WHERE machine_id = 1;
 \echo :LAST_ERROR_SQLSTATE
 -- A shorter ttl never moves the expiry earlier.
-SELECT renew_machine_id(g.machine_id, g.lease, g.secret, '1 second') = l.expires_at AS kept
-  FROM granted g JOIN pgticket.machine_leases l USING (machine_id) WHERE machine_id = 1;
+SELECT pgticket.renew_machine_id(g.machine_id, g.lease, g.secret, '1 second') = l.expires_at AS kept
+  FROM granted g JOIN pgticket.machine_ids l USING (machine_id) WHERE machine_id = 1;
 -- A stamp reported past the lease's end plus the margin is refused.
 \set VERBOSITY sqlstate
-SELECT renew_machine_id(g.machine_id, g.lease, g.secret, '2 minutes', 9223372036854775807) FROM granted g WHERE machine_id = 1;
+SELECT pgticket.renew_machine_id(g.machine_id, g.lease, g.secret, '2 minutes', 9223372036854775807) FROM granted g WHERE machine_id = 1;
 \echo :LAST_ERROR_SQLSTATE
-SELECT release_machine_id(g.machine_id, g.lease, g.secret, 9223372036854775807) FROM granted g WHERE machine_id = 1;
+SELECT pgticket.release_machine_id(g.machine_id, g.lease, g.secret, 9223372036854775807) FROM granted g WHERE machine_id = 1;
 \echo :LAST_ERROR_SQLSTATE
 \set VERBOSITY default
 -- Release records the last stamp; the lease cannot be renewed after.
-SELECT release_machine_id(g.machine_id, g.lease, g.secret, 1500) FROM granted g WHERE machine_id = 1;
-SELECT release_machine_id(g.machine_id, g.lease, g.secret) FROM granted g WHERE machine_id = 1;
-SELECT machine_id, last_issued_ms, state FROM pgticket.machine_leases WHERE machine_id = 1;
-SELECT pg_temp.attempt('SELECT renew_machine_id(g.machine_id, g.lease, g.secret) FROM granted g WHERE machine_id = 1');
+SELECT pgticket.release_machine_id(g.machine_id, g.lease, g.secret, 1500) FROM granted g WHERE machine_id = 1;
+SELECT pgticket.release_machine_id(g.machine_id, g.lease, g.secret) FROM granted g WHERE machine_id = 1;
+SELECT machine_id, last_issued_ms, state FROM pgticket.machine_ids WHERE machine_id = 1;
+SELECT pg_temp.attempt('SELECT pgticket.renew_machine_id(g.machine_id, g.lease, g.secret) FROM granted g WHERE machine_id = 1');
 -- Within the margin (10 s by default) the released id is not leased again.
 \set VERBOSITY sqlstate
-SELECT * FROM lease_machine_id('worker-d');
+SELECT * FROM pgticket.lease_machine_id('worker-d');
 \set VERBOSITY default
 -- Revoke (admin) ends a live lease; its holder learns at its next renewal.
-SELECT revoke_machine_lease(2) AS revoked, revoke_machine_lease(2) AS again, revoke_machine_lease(0) AS never_leased;
-SELECT pg_temp.attempt('SELECT renew_machine_id(g.machine_id, g.lease, g.secret) FROM granted g WHERE machine_id = 2');
-SELECT renew_machine_id(0, 1, '00000000000000000000000000000000');
+SELECT pgticket.revoke_machine_id(2) AS revoked, pgticket.revoke_machine_id(2) AS again, pgticket.revoke_machine_id(0) AS never_leased;
+SELECT pg_temp.attempt('SELECT pgticket.renew_machine_id(g.machine_id, g.lease, g.secret) FROM granted g WHERE machine_id = 2');
+SELECT pgticket.renew_machine_id(0, 1, '00000000000000000000000000000000');
 \echo :LAST_ERROR_SQLSTATE
 
 -- Bad input: 22004, 22023; nothing changes.
-SELECT * FROM lease_machine_id(NULL);
+SELECT * FROM pgticket.lease_machine_id(NULL);
 \echo :LAST_ERROR_SQLSTATE
-SELECT * FROM lease_machine_id('');
+SELECT * FROM pgticket.lease_machine_id('');
 \echo :LAST_ERROR_SQLSTATE
-SELECT * FROM lease_machine_id('x', '500 milliseconds');
+SELECT * FROM pgticket.lease_machine_id('x', '500 milliseconds');
 \echo :LAST_ERROR_SQLSTATE
-SELECT * FROM lease_machine_id('x', '2 days');
+SELECT * FROM pgticket.lease_machine_id('x', '2 days');
 \echo :LAST_ERROR_SQLSTATE
-SELECT * FROM lease_machine_id('x', '1 hour');
+SELECT * FROM pgticket.lease_machine_id('x', '1 hour');
 \echo :LAST_ERROR_SQLSTATE
-SELECT * FROM lease_machine_id('x', NULL);
+SELECT * FROM pgticket.lease_machine_id('x', NULL);
 \echo :LAST_ERROR_SQLSTATE
-SELECT renew_machine_id(65536, 1, '00000000000000000000000000000000');
+SELECT pgticket.renew_machine_id(65536, 1, '00000000000000000000000000000000');
 \echo :LAST_ERROR_SQLSTATE
-SELECT renew_machine_id(1, NULL, '00000000000000000000000000000000');
+SELECT pgticket.renew_machine_id(1, NULL, '00000000000000000000000000000000');
 \echo :LAST_ERROR_SQLSTATE
-SELECT renew_machine_id(1, 1, NULL);
+SELECT pgticket.renew_machine_id(1, 1, NULL);
 \echo :LAST_ERROR_SQLSTATE
-SELECT release_machine_id(NULL, 1, '00000000000000000000000000000000');
+SELECT pgticket.release_machine_id(NULL, 1, '00000000000000000000000000000000');
 \echo :LAST_ERROR_SQLSTATE
 BEGIN READ ONLY;
-SELECT * FROM lease_machine_id('x');
+SELECT * FROM pgticket.lease_machine_id('x');
 \echo :LAST_ERROR_SQLSTATE
 ROLLBACK;
 ALTER SYSTEM SET pg_ticket.lease_ids = '5-2';
@@ -139,29 +139,29 @@ ALTER SYSTEM SET pg_ticket.lease_margin = '500ms';
 -- Not PUBLIC: the registry's functions and view need a GRANT.
 CREATE ROLE lease_app;
 SET ROLE lease_app;
-SELECT * FROM lease_machine_id('app');
+SELECT * FROM pgticket.lease_machine_id('app');
 \echo :LAST_ERROR_SQLSTATE
-SELECT * FROM pgticket.machine_leases;
+SELECT * FROM pgticket.machine_ids;
 \echo :LAST_ERROR_SQLSTATE
 SELECT * FROM pgticket.machine_id_leases;
 \echo :LAST_ERROR_SQLSTATE
 RESET ROLE;
-GRANT EXECUTE ON FUNCTION lease_machine_id(text, interval), renew_machine_id(integer, bigint, text, interval, bigint),
-      release_machine_id(integer, bigint, text, bigint) TO lease_app;
-GRANT SELECT ON pgticket.machine_leases TO lease_app;
+GRANT EXECUTE ON FUNCTION pgticket.lease_machine_id(text, interval), pgticket.renew_machine_id(integer, bigint, text, interval, bigint),
+      pgticket.release_machine_id(integer, bigint, text, bigint) TO lease_app;
+GRANT SELECT ON pgticket.machine_ids TO lease_app;
 SET ROLE lease_app;
-SELECT renew_machine_id(3, 1, '00000000000000000000000000000000');
+SELECT pgticket.renew_machine_id(3, 1, '00000000000000000000000000000000');
 \echo :LAST_ERROR_SQLSTATE
 -- The view names holders and states, but tokens only to the registry's owner.
-SELECT machine_id, lease, state FROM pgticket.machine_leases ORDER BY machine_id;
-SELECT revoke_machine_lease(1);
+SELECT machine_id, lease, state FROM pgticket.machine_ids ORDER BY machine_id;
+SELECT pgticket.revoke_machine_id(1);
 \echo :LAST_ERROR_SQLSTATE
-SELECT end_lease_hold_off();
+SELECT pgticket.end_lease_hold_off();
 \echo :LAST_ERROR_SQLSTATE
 RESET ROLE;
-REVOKE ALL ON FUNCTION lease_machine_id(text, interval), renew_machine_id(integer, bigint, text, interval, bigint),
-      release_machine_id(integer, bigint, text, bigint) FROM lease_app;
-REVOKE ALL ON pgticket.machine_leases FROM lease_app;
+REVOKE ALL ON FUNCTION pgticket.lease_machine_id(text, interval), pgticket.renew_machine_id(integer, bigint, text, interval, bigint),
+      pgticket.release_machine_id(integer, bigint, text, bigint) FROM lease_app;
+REVOKE ALL ON pgticket.machine_ids FROM lease_app;
 DROP ROLE lease_app;
 
 ALTER SYSTEM RESET pg_ticket.lease_ids;

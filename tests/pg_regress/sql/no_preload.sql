@@ -20,8 +20,8 @@ SELECT next_ticket('q', 'd');
 -- A registry need not preload; it leases in its database's ID space, the
 -- epoch its configuration names (recorded at the first lease), not one a
 -- session sets on the placeholder.
-SELECT end_lease_hold_off();
+SELECT pgticket.end_lease_hold_off();
 SET pg_ticket.epoch = '2031-01-01';
-SELECT epoch_ms = 1767225600000 AS configured_epoch FROM lease_machine_id('no-preload holder', '5 s');
+SELECT epoch_ms = 1767225600000 AS configured_epoch FROM pgticket.lease_machine_id('no-preload holder', '5 s');
 SELECT epoch_ms FROM pgticket.id_space;
 RESET pg_ticket.epoch;

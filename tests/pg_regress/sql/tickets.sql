@@ -25,17 +25,17 @@ SELECT queue, domain, next_value, cached_until >= next_value AS cached, segment_
   FROM pgticket.ticket_cache WHERE queue = 'orders' ORDER BY domain;
 
 -- Admin: forward only, and the cached rest is dropped.
-SELECT advance_ticket('orders', 'eu', 1000);
+SELECT pgticket.advance_ticket('orders', 'eu', 1000);
 SELECT next_ticket('orders', 'eu') AS after_advance;
 -- (The mark in its message depends on how far the worker fetched ahead.)
 \set VERBOSITY sqlstate
-SELECT advance_ticket('orders', 'eu', 10);
+SELECT pgticket.advance_ticket('orders', 'eu', 10);
 \set VERBOSITY default
 \echo :LAST_ERROR_SQLSTATE
 CREATE ROLE ticket_user;
 SET ROLE ticket_user;
 SELECT next_ticket('orders', 'eu') > 1000 AS anyone_may_take;
-SELECT advance_ticket('orders', 'eu', 5000);
+SELECT pgticket.advance_ticket('orders', 'eu', 5000);
 \echo :LAST_ERROR_SQLSTATE
 SELECT count(*) FROM pgticket.tickets;
 \echo :LAST_ERROR_SQLSTATE
@@ -52,7 +52,7 @@ SELECT next_ticket('orders', 'eu');
 \echo :LAST_ERROR_SQLSTATE
 ROLLBACK;
 -- At the top of bigint: 2200H, never a wrap.
-SELECT advance_ticket('top', 'x', 9223372036854775806);
+SELECT pgticket.advance_ticket('top', 'x', 9223372036854775806);
 SELECT next_ticket('top', 'x');
 SELECT next_ticket('top', 'x');
 \echo :LAST_ERROR_SQLSTATE

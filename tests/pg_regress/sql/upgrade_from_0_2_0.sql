@@ -18,7 +18,7 @@ SELECT extversion FROM pg_extension WHERE extname = 'pg_ticket';
 -- An updated registry cannot prove it follows its own latest state (0.2.0
 -- did not hold off at a start): it holds off once.
 \set VERBOSITY sqlstate
-SELECT * FROM lease_machine_id('after-update');
+SELECT * FROM pgticket.lease_machine_id('after-update');
 \set VERBOSITY default
 SELECT next_scoped_id('made-by-0.2.0', 'd') AS continues;
 SELECT next_ticket('made-by-0.2.0', 'd') > 1 AS ticket_continues;
