@@ -203,9 +203,7 @@ fn serving(client: &mut SpiClient<'_>, me: Identity) -> Result<Serving, SpiError
 /// its own token needs) and leaves the identity row to the other; if that
 /// one rolls back, a later grant settles.
 fn settle(client: &mut SpiClient<'_>, me: Identity, serving: &Serving) -> Result<(), SpiError> {
-    let identity_table: pg_sys::Oid =
-        client.select("SELECT 'pgticket.lease_registry'::pg_catalog.regclass::pg_catalog.oid", None, &[])?.first().get_one()?.unwrap_or_default();
-    let locked = unsafe { pg_sys::ConditionalLockRelationOid(identity_table, pg_sys::ExclusiveLock as pg_sys::LOCKMODE) };
+    let locked = unsafe { pg_sys::ConditionalLockRelationOid(identity_table(client)?, pg_sys::ExclusiveLock as pg_sys::LOCKMODE) };
     if !locked {
         return move_tokens_past_the_clock(client);
     }
@@ -283,17 +281,27 @@ fn leases_of(table: SpiTupleTable<'_>, secret_match: bool) -> Result<Vec<(Curren
     Ok(out)
 }
 
-/// The advisory lock class of a never-leased id's first grant ('pgti').
-const NEVER_LEASED_LOCK_CLASS: i32 = 0x7067_7469;
+/// The lock class of a never-leased id's first grant ('pgti').
+const NEVER_LEASED_LOCK_CLASS: u32 = 0x7067_7469;
+/// An advisory lock's fourth field the SQL functions never use (they use 1
+/// and 2): no role can take these locks with `pg_advisory_lock` and stop
+/// our grants (#31 review: a role with no rights held (0x70677469, id) for
+/// every id, and every first grant failed with 53400).
+const PRIVATE_ADVISORY_SPACE: u16 = 0x7074;
 
 /// This transaction's lock of the first grant of never-leased `id` (held to
 /// its end), if no other transaction holds it.
-fn try_lock_never_leased(client: &mut SpiClient<'_>, id: u16) -> Result<bool, SpiError> {
-    Ok(client
-        .select("SELECT pg_catalog.pg_try_advisory_xact_lock($1, $2)", None, &[NEVER_LEASED_LOCK_CLASS.into(), i32::from(id).into()])?
-        .first()
-        .get_one::<bool>()?
-        .unwrap_or(false))
+fn try_lock_never_leased(_client: &mut SpiClient<'_>, id: u16) -> Result<bool, SpiError> {
+    let tag = pg_sys::LOCKTAG {
+        locktag_field1: unsafe { pg_sys::MyDatabaseId }.to_u32(),
+        locktag_field2: NEVER_LEASED_LOCK_CLASS,
+        locktag_field3: u32::from(id),
+        locktag_field4: PRIVATE_ADVISORY_SPACE,
+        locktag_type: pg_sys::LockTagType::LOCKTAG_ADVISORY as u8,
+        locktag_lockmethodid: pg_sys::USER_LOCKMETHOD as u8,
+    };
+    let got = unsafe { pg_sys::LockAcquire(&tag, pg_sys::ExclusiveLock as pg_sys::LOCKMODE, false, true) };
+    Ok(got != pg_sys::LockAcquireResult::LOCKACQUIRE_NOT_AVAIL)
 }
 
 /// The hash a lease's secret is kept as: the table never holds a secret.
@@ -363,10 +371,20 @@ fn with_registry<R>(f: impl FnOnce(&mut SpiClient<'_>) -> Result<Result<R, Ticke
 /// Raise the longest ttl and margin recorded to the settings now, so that a
 /// dump carries them (a restore onto a server with smaller settings still
 /// holds off long enough for the leases they allowed).
+/// `pgticket.lease_registry`'s relation id.
+fn identity_table(client: &SpiClient<'_>) -> Result<pg_sys::Oid, SpiError> {
+    Ok(client.select("SELECT 'pgticket.lease_registry'::pg_catalog.regclass::pg_catalog.oid", None, &[])?.first().get_one()?.unwrap_or_default())
+}
+
 /// Rows another call is recording in (a transaction left open) are skipped,
 /// not waited for: that call records the same settings, and if it rolls
-/// back, a later call records them.
+/// back, a later call records them. A settle under way (its table lock to
+/// its transaction's end) is not waited for either: it records them (#31
+/// review: every renewal waited for a settle left open, 55P03).
 fn record_settings(client: &mut SpiClient<'_>) -> Result<(), SpiError> {
+    if !unsafe { pg_sys::ConditionalLockRelationOid(identity_table(client)?, pg_sys::RowExclusiveLock as pg_sys::LOCKMODE) } {
+        return Ok(());
+    }
     client.update(
         "UPDATE pgticket.lease_registry r SET max_ttl_ms = GREATEST(r.max_ttl_ms, $1), margin_ms = GREATEST(r.margin_ms, $2) \
            FROM (SELECT ctid FROM pgticket.lease_registry FOR UPDATE SKIP LOCKED) free WHERE r.ctid OPERATOR(pg_catalog.=) free.ctid",

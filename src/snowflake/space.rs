@@ -146,7 +146,7 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
                     .get_one::<bool>()?
                     .unwrap_or(false);
                 let rows = rows_in_progress_too(table.oid);
-                if let Some(other) = rows.iter().find(|s| **s != mine) {
+                if let Some((other, _)) = rows.iter().find(|(s, _)| *s != mine) {
                     return Ok(Err(TicketError::Snowflake(SnowflakeError::OtherIdSpace {
                         location: "another transaction's first use of this database (pgticket.id_space, not yet committed)".into(),
                         recorded: *other,
@@ -160,6 +160,13 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
                     return Ok(Err(TicketError::BadConfiguration(
                         "pgticket.id_space is empty while leases of this registry are not yet free: it was emptied under them; restore its row (the space those holders stamp in), or wait until their ids are free".into(),
                     )));
+                }
+                // A row of a prepared transaction is an earlier first use
+                // (it outlived a restart): this one is not the database's
+                // first (`history`: a server that lost its mark refuses).
+                let prepared = prepared_transactions(client)?;
+                if rows.iter().any(|(_, xmin)| prepared.contains(xmin)) {
+                    return Ok(Ok(vec![mine]));
                 }
                 RECORDED_BY.set(unsafe { pg_sys::GetCurrentTransactionIdIfAny() });
                 spaces.push(mine);
@@ -183,31 +190,48 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
 /// The spaces in `pgticket.id_space` as committed now (a self snapshot: it
 /// sees what committed after this statement's snapshot was taken).
 fn committed_spaces(table: pg_sys::Oid) -> Vec<IdSpace> {
-    spaces_seen(table, pg_sys::SnapshotType::SNAPSHOT_SELF, true)
-}
-
-/// The space of each row of `pgticket.id_space` committed now or being
-/// inserted by a transaction in progress (a dirty snapshot), one per row.
-fn rows_in_progress_too(table: pg_sys::Oid) -> Vec<IdSpace> {
-    spaces_seen(table, pg_sys::SnapshotType::SNAPSHOT_DIRTY, false)
-}
-
-fn spaces_seen(table: pg_sys::Oid, seen_by: pg_sys::SnapshotType::Type, distinct: bool) -> Vec<IdSpace> {
-    const EPOCH_MS: i32 = 1;
-    const MACHINE_BITS: i32 = 2;
     let mut spaces = Vec::new();
-    state_tables::for_each_row_seen(table, seen_by, |tuple, desc| {
-        let (mut epoch_null, mut bits_null) = (false, false);
-        let epoch = unsafe { pg_sys::heap_getattr(tuple, EPOCH_MS, desc, &mut epoch_null) };
-        let bits = unsafe { pg_sys::heap_getattr(tuple, MACHINE_BITS, desc, &mut bits_null) };
-        if !epoch_null && !bits_null {
-            let space = IdSpace { epoch_unix_ms: epoch.value() as i64, machine_bits: bits.value() as i32 as u32 };
-            if !distinct || !spaces.contains(&space) {
-                spaces.push(space);
-            }
+    state_tables::for_each_committed_row(table, |tuple, desc| {
+        if let Some(space) = space_of(tuple, desc).filter(|s| !spaces.contains(s)) {
+            spaces.push(space);
         }
     });
     spaces
+}
+
+/// The space of each row of `pgticket.id_space` committed now or being
+/// inserted by a transaction in progress (a dirty snapshot), one per row,
+/// with the transaction that inserted it.
+fn rows_in_progress_too(table: pg_sys::Oid) -> Vec<(IdSpace, pg_sys::TransactionId)> {
+    let mut rows = Vec::new();
+    state_tables::for_each_row_seen(table, pg_sys::SnapshotType::SNAPSHOT_DIRTY, |tuple, desc| {
+        if let Some(space) = space_of(tuple, desc) {
+            rows.push((space, unsafe { pg_sys::HeapTupleHeaderGetXmin((*tuple).t_data) }));
+        }
+    });
+    rows
+}
+
+/// The transactions prepared in this database now.
+fn prepared_transactions(client: &pgrx::spi::SpiClient<'_>) -> Result<Vec<pg_sys::TransactionId>, pgrx::spi::Error> {
+    client
+        .select(
+            "SELECT transaction::text::bigint FROM pg_catalog.pg_prepared_xacts WHERE database OPERATOR(pg_catalog.=) pg_catalog.current_database()",
+            None,
+            &[],
+        )?
+        .map(|row| row.get::<i64>(1).map(|x| pg_sys::TransactionId::from(x.unwrap_or_default() as u32)))
+        .collect()
+}
+
+/// A row's space (None for NULLs).
+fn space_of(tuple: *mut pg_sys::HeapTupleData, desc: pg_sys::TupleDesc) -> Option<IdSpace> {
+    const EPOCH_MS: i32 = 1;
+    const MACHINE_BITS: i32 = 2;
+    let (mut epoch_null, mut bits_null) = (false, false);
+    let epoch = unsafe { pg_sys::heap_getattr(tuple, EPOCH_MS, desc, &mut epoch_null) };
+    let bits = unsafe { pg_sys::heap_getattr(tuple, MACHINE_BITS, desc, &mut bits_null) };
+    (!epoch_null && !bits_null).then(|| IdSpace { epoch_unix_ms: epoch.value() as i64, machine_bits: bits.value() as i32 as u32 })
 }
 
 /// The space a registry leases ids in: its database's recorded space

@@ -274,15 +274,17 @@ fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
         // fetch more is reported only when nothing is left.
         match g.cache.take(series) {
             Take::Value { value, fetch_ahead } => {
-                g.last_used = shmem::tick();
+                g.last_used_ms = shmem::coarse_ms();
                 g.referenced = true;
                 let ask = fetch_ahead && !g.requested && g.failure.is_none();
                 g.requested |= ask;
                 g.asks += u64::from(ask);
                 drop(g);
-                if ask && worker::request(scope.db, i).is_err() {
+                if ask && !matches!(worker::request(scope.db, i), Ok(true)) {
                     // The value is taken: no error now. The next call asks
-                    // again, and reports it if nothing is left by then.
+                    // again (also when the database waits in line for a
+                    // worker: nothing was queued), and reports an error if
+                    // nothing is left by then.
                     let mut g = slot.lock();
                     if slot.generation.load(Ordering::Acquire) == generation {
                         g.requested = false;
@@ -321,7 +323,7 @@ fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
                 g.set_creator();
                 drop(g);
                 crate::status::count_ticket_wait();
-                worker::request(scope.db, i).or_raise();
+                let _queued = worker::request(scope.db, i).or_raise();
                 let deadline = *deadline.get_or_insert_with(|| Instant::now() + settings::ticket_wait_timeout());
                 wait_for_segment(i, generation, scope.db, deadline, queue, domain);
             }
@@ -413,7 +415,7 @@ fn wait_for_segment(i: usize, generation: u64, db: u32, deadline: Instant, queue
         }
         let wait_ms = (deadline - now).as_millis().min(100) as i64;
         unsafe { pg_sys::ConditionVariableTimedSleep(cv, wait_ms, pg_sys::PG_WAIT_EXTENSION) };
-        worker::request(db, i).or_raise();
+        let _queued = worker::request(db, i).or_raise();
     }
     unsafe { pg_sys::ConditionVariableCancelSleep() };
 }

@@ -43,6 +43,9 @@ use ticket_core::tickets::Cache;
 pub const KEY_MAX: usize = 511;
 /// Databases served at once, one worker each.
 pub const MAX_WORKERS: usize = 32;
+/// Databases that can wait in line for a ticket worker at once; one more
+/// is refused (55000) rather than left to wait without a bound.
+pub const WAITING_MAX: usize = 256;
 /// Requests a worker's queue holds (a slot once however often it asks);
 /// past it the worker looks at every slot once.
 const QUEUE: usize = 1024;
@@ -94,7 +97,9 @@ pub struct SlotData {
     /// emptied behind the worker's back).
     pub reserved_to: i64,
     pub failure: Option<Failure>,
-    pub last_used: u64,
+    /// When it was last used (`coarse_ms`): a slot idle for
+    /// `SPARE_IDLE_MS` is not spared by the sweep.
+    pub last_used_ms: u64,
     /// Used since the CLOCK hand last passed (its second chance).
     pub referenced: bool,
     /// The role that last asked with nothing cached, the cap it runs
@@ -175,7 +180,7 @@ impl SlotData {
             busy: false,
             reserved_to: 0,
             failure: None,
-            last_used: 0,
+            last_used_ms: 0,
             referenced: false,
             creator: 0,
             creator_cap: 0,
@@ -308,14 +313,13 @@ pub struct Header {
     /// The key scopes are hashed with, drawn from the secure random source
     /// when shared memory is made: nobody can compute where a name lands.
     pub hash_key: [u64; 2],
-    pub clock: AtomicU64,
     pub cv: pg_sys::ConditionVariable,
     pub workers: [WorkerSlot; MAX_WORKERS],
     /// Databases that need a worker while every worker slot is taken (SPEC
     /// §13.11): the longest-serving worker retires for them, and the one
     /// that waited longest takes the slot (`worker::start`). Changed under
     /// the directory lock (exclusive), read lock-free.
-    pub waiting: [WaitingDb; MAX_WORKERS],
+    pub waiting: [WaitingDb; WAITING_MAX],
     dir: UnsafeCell<DirState>,
 }
 
@@ -479,9 +483,11 @@ impl Directory {
             free[state.free_len] as usize
         } else {
             let counts = DbCounts { table: owners, active: &mut state.active_owners };
+            let now_ms = coarse_ms();
             directory::sweep(&mut state.hand, n, owner, &counts, |i| {
                 let mut g = slots[i].lock();
-                let view = SlotView { in_use: g.in_use, db: g.owner, referenced: g.referenced };
+                let idle = now_ms.saturating_sub(g.last_used_ms) > SPARE_IDLE_MS;
+                let view = SlotView { in_use: g.in_use, db: g.owner, referenced: g.referenced, idle };
                 g.referenced = false;
                 view
             })
@@ -501,7 +507,7 @@ impl Directory {
         g.set_creator();
         // Not marked as used: a scope placed and never used again is the
         // first to go (and a turn of the hand never finds every slot marked).
-        g.last_used = tick();
+        g.last_used_ms = coarse_ms();
         let generation = slot.generation.fetch_add(1, Ordering::AcqRel) + 1;
         drop(g);
         slot.key_hash.store(scope.hash, Ordering::Relaxed);
@@ -615,6 +621,14 @@ fn empty_picked(dir: &mut Directory, pick: impl Fn(&SlotData) -> bool) {
 }
 
 /// A tick of the LRU clock.
-pub fn tick() -> u64 {
-    header().clock.fetch_add(1, Ordering::Relaxed)
+/// The monotonic clock in ms, coarse (a tick's precision, no system call):
+/// cheap enough for every take.
+pub fn coarse_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC_COARSE, &mut ts) };
+    ts.tv_sec as u64 * 1000 + ts.tv_nsec as u64 / 1_000_000
 }
+
+/// A slot of an owner within its share stays spared by the sweep while it
+/// is used at least this often.
+pub const SPARE_IDLE_MS: u64 = 10_000;

@@ -58,8 +58,10 @@ const SLOW_MS: u64 = 30_000;
 const LOCK_TIMEOUT: &std::ffi::CStr = c"10ms";
 
 /// Slot `slot` of database `db` asks for a segment: queue it for the
-/// worker of `db`, make sure that runs, and wake it.
-pub fn request(db: u32, slot: usize) -> Result<(), TicketError> {
+/// worker of `db`, make sure that runs, and wake it. `Ok(false)`: the
+/// database waits in line for a worker, and nothing is queued (the slot
+/// asks again).
+pub fn request(db: u32, slot: usize) -> Result<bool, TicketError> {
     for w in &shmem::header().workers {
         if w.db.load(Ordering::Acquire) != db {
             continue;
@@ -68,10 +70,10 @@ pub fn request(db: u32, slot: usize) -> Result<(), TicketError> {
         let latch = w.latch.load(Ordering::Acquire);
         if w.pid.load(Ordering::Acquire) != 0 && !latch.is_null() {
             unsafe { pg_sys::SetLatch(latch) };
-            return Ok(());
+            return Ok(true);
         }
         if monotonic_ms().saturating_sub(w.started_at_ms.load(Ordering::Acquire)) < START_GRACE_MS {
-            return Ok(()); // starting; it serves what is queued when it is up
+            return Ok(true); // starting; it serves what is queued when it is up
         }
     }
     start(db, slot)
@@ -106,18 +108,24 @@ fn waiting_order(now: u64) -> Option<u32> {
     first.map(|(_, d)| d)
 }
 
-/// `db` waits for a worker: its entry refreshed, or made.
-fn wait_in_line(db: u32, now: u64) {
+/// `db` waits for a worker: its entry refreshed, or made (the line full:
+/// refused, never a wait without a bound).
+fn wait_in_line(db: u32, now: u64) -> Result<(), TicketError> {
     let waiting = &shmem::header().waiting;
     if let Some(w) = waiting.iter().find(|w| w.db.load(Ordering::Acquire) == db) {
         w.asked_ms.store(now, Ordering::Release);
-        return;
+        return Ok(());
     }
-    if let Some(w) = waiting.iter().find(|w| w.db.load(Ordering::Acquire) == 0) {
-        w.since_ms.store(now, Ordering::Release);
-        w.asked_ms.store(now, Ordering::Release);
-        w.db.store(db, Ordering::Release);
-    }
+    let Some(w) = waiting.iter().find(|w| w.db.load(Ordering::Acquire) == 0) else {
+        return Err(TicketError::TicketsUnavailable(format!(
+            "{} databases wait for a ticket worker already (pg_ticket.max_ticket_workers serve {} at once)",
+            shmem::WAITING_MAX,
+            settings::max_ticket_workers()
+        )));
+    };
+    w.since_ms.store(now, Ordering::Release);
+    w.asked_ms.store(now, Ordering::Release);
+    w.db.store(db, Ordering::Release);
     // Wake the workers: the longest-serving one retires for it.
     for w in &shmem::header().workers {
         let latch = w.latch.load(Ordering::Acquire);
@@ -125,6 +133,7 @@ fn wait_in_line(db: u32, now: u64) {
             unsafe { pg_sys::SetLatch(latch) };
         }
     }
+    Ok(())
 }
 
 /// Is `db` waiting for a worker slot (for a backend's message)?
@@ -152,10 +161,18 @@ fn retire_for_a_waiting_database(me: &shmem::WorkerSlot) -> bool {
     let someone_waits = shmem::header().waiting.iter().any(|w| {
         w.db.load(Ordering::Acquire) != 0 && now.saturating_sub(w.asked_ms.load(Ordering::Acquire)) <= WAITING_FORGOTTEN_MS
     });
+    // The longest-serving: started first, or at the same ms and first in
+    // the registry (two never retire for one waiting database).
+    let workers = &shmem::header().workers;
+    let my_index = workers.iter().position(|w| std::ptr::eq(w, me)).unwrap_or(0);
     someone_waits
-        && shmem::header().workers.iter().all(|w| {
+        && workers.iter().enumerate().all(|(i, w)| {
             let theirs = w.started_at_ms.load(Ordering::Acquire);
-            std::ptr::eq(w, me) || w.db.load(Ordering::Acquire) == 0 || w.pid.load(Ordering::Acquire) == 0 || theirs >= mine
+            i == my_index
+                || w.db.load(Ordering::Acquire) == 0
+                || w.pid.load(Ordering::Acquire) == 0
+                || theirs > mine
+                || (theirs == mine && i > my_index)
         })
 }
 
@@ -165,7 +182,7 @@ fn retire_for_a_waiting_database(me: &shmem::WorkerSlot) -> bool {
 /// worker slot taken, `db` waits in line (SPEC §13.11: 0.3.0 refused it
 /// for as long as the other databases stayed busy): the longest-serving
 /// worker retires for the database that waited longest.
-fn start(db: u32, slot: usize) -> Result<(), TicketError> {
+fn start(db: u32, slot: usize) -> Result<bool, TicketError> {
     let _dir = Directory::lock(true);
     let workers = &shmem::header().workers;
     // Another backend may have started it, or a dead one be registered.
@@ -175,7 +192,7 @@ fn start(db: u32, slot: usize) -> Result<(), TicketError> {
         if registered == db {
             let alive = w.pid.load(Ordering::Acquire) != 0;
             if alive || monotonic_ms().saturating_sub(w.started_at_ms.load(Ordering::Acquire)) < START_GRACE_MS {
-                return Ok(());
+                return Ok(true);
             }
             w.db.store(0, Ordering::Release);
             free.get_or_insert(w);
@@ -188,8 +205,8 @@ fn start(db: u32, slot: usize) -> Result<(), TicketError> {
     let now = monotonic_ms();
     let first_in_line = waiting_order(now);
     let Some(w) = free.filter(|_| running < cap && first_in_line.is_none_or(|first| first == db)) else {
-        wait_in_line(db, now);
-        return Ok(()); // its backends ask again while they wait
+        wait_in_line(db, now)?;
+        return Ok(false); // its backends ask again while they wait
     };
     leave_the_line(db);
     w.pid.store(0, Ordering::Release);
@@ -213,7 +230,7 @@ fn start(db: u32, slot: usize) -> Result<(), TicketError> {
             "cannot start the ticket worker of this database: no background worker slot is free; raise max_worker_processes".into(),
         ));
     }
-    Ok(())
+    Ok(true)
 }
 
 /// Frees this worker's registry entry when it exits, however it exits

@@ -163,8 +163,9 @@ impl DbCounts<'_> {
         self.table[hole] = (0, 0);
     }
 
-    /// Is `db` spared by a sweep for another database: it holds no more
-    /// than `MIN_SPARED` slots, or half its fair share of `slots`?
+    /// Is `db` spared by a sweep for another: it holds no more than
+    /// `MIN_SPARED` slots, or half its fair share of `slots`? (Only the
+    /// slots it uses: `SlotView::idle`.)
     pub fn spared(&self, db: u32, slots: usize) -> bool {
         let half_fair = slots / (*self.active).max(1) as usize / 2;
         self.count(db) as usize <= half_fair.max(MIN_SPARED)
@@ -187,6 +188,12 @@ pub struct SlotView {
     pub db: u32,
     /// Used since the hand last passed it.
     pub referenced: bool,
+    /// Not used for a while (the server: `SPARE_IDLE_MS`): not spared any
+    /// more, so the shares of owners that stopped using their slots go
+    /// back (#31 review: 64 roles of one role with CREATEROLE, 16 slots
+    /// each, used once, held the whole cache for ever). By time, not by
+    /// passes of the hand: one sweep may pass a slot several times.
+    pub idle: bool,
 }
 
 /// The slot a scope of owner `db` (`owner_of`; the counts are the owners')
@@ -207,7 +214,7 @@ pub fn sweep(hand: &mut usize, slots: usize, db: u32, counts: &DbCounts<'_>, mut
             return i;
         }
         last = i;
-        if view.db == db || !counts.spared(view.db, slots) {
+        if view.db == db || !counts.spared(view.db, slots) || view.idle {
             if !view.referenced {
                 return i;
             }
@@ -283,7 +290,7 @@ mod tests {
     fn a_flood_from_one_database_leaves_another_half_its_fair_share() {
         let slots = 1024;
         let (mut table, mut active) = (vec![(0, 0); 64], 0);
-        let mut views = vec![SlotView { in_use: false, db: 0, referenced: false }; slots];
+        let mut views = vec![SlotView { in_use: false, db: 0, referenced: false, idle: false }; slots];
         let mut hand = 0;
         let mut counts = DbCounts { table: &mut table, active: &mut active };
         // The victim database caches 300 scopes and keeps using them.
@@ -298,7 +305,7 @@ mod tests {
             if views[i].in_use {
                 counts.take(views[i].db);
             }
-            views[i] = SlotView { in_use: true, db, referenced: true };
+            views[i] = SlotView { in_use: true, db, referenced: true, idle: false };
             counts.add(db);
             examined
         };
@@ -328,7 +335,7 @@ mod tests {
     fn databases_joining_in_leave_every_one_its_minimum() {
         let slots = 64;
         let (mut table, mut active) = (vec![(0, 0); 128], 0);
-        let mut views = vec![SlotView { in_use: false, db: 0, referenced: false }; slots];
+        let mut views = vec![SlotView { in_use: false, db: 0, referenced: false, idle: false }; slots];
         let mut hand = 0;
         let mut counts = DbCounts { table: &mut table, active: &mut active };
         let place = |db: u32, views: &mut Vec<SlotView>, counts: &mut DbCounts<'_>, hand: &mut usize| {
@@ -340,7 +347,7 @@ mod tests {
             if views[i].in_use {
                 counts.take(views[i].db);
             }
-            views[i] = SlotView { in_use: true, db, referenced: true };
+            views[i] = SlotView { in_use: true, db, referenced: true, idle: false };
             counts.add(db);
         };
         for _ in 0..20 {
@@ -351,11 +358,54 @@ mod tests {
                 // 40 other databases holding a slot or two each.
                 place(100 + (round * 7 + k) % 40, &mut views, &mut counts, &mut hand);
             }
+            // The victim keeps using its scopes.
+            for v in views.iter_mut().filter(|v| v.db == 1) {
+                v.referenced = true;
+            }
             for _ in 0..100 {
                 place(2, &mut views, &mut counts, &mut hand);
             }
         }
         let kept = views.iter().filter(|v| v.in_use && v.db == 1).count();
         assert!(kept >= MIN_SPARED, "the victim kept {kept} of its 20 slots");
+    }
+
+    /// Owners that stopped using their slots are spared no more: 64 idle
+    /// owners of 16 slots each no longer hold a 1 024-slot cache against
+    /// one that comes later.
+    #[test]
+    fn idle_owners_give_their_share_back() {
+        let slots = 1024;
+        let (mut table, mut active) = (vec![(0, 0); 256], 0);
+        let mut views = vec![SlotView { in_use: false, db: 0, referenced: false, idle: false }; slots];
+        let mut hand = 0;
+        let mut counts = DbCounts { table: &mut table, active: &mut active };
+        let place = |db: u32, views: &mut Vec<SlotView>, counts: &mut DbCounts<'_>, hand: &mut usize| {
+            let i = sweep(hand, slots, db, counts, |i| {
+                let v = views[i];
+                views[i].referenced = false;
+                v
+            });
+            if views[i].in_use {
+                counts.take(views[i].db);
+            }
+            views[i] = SlotView { in_use: true, db, referenced: true, idle: false };
+            counts.add(db);
+            i
+        };
+        for owner in 0..64u32 {
+            for _ in 0..16 {
+                place(1000 + owner, &mut views, &mut counts, &mut hand);
+            }
+        }
+        // Then they go idle.
+        for v in views.iter_mut() {
+            v.idle = true;
+        }
+        for _ in 0..4 * slots {
+            place(7, &mut views, &mut counts, &mut hand);
+        }
+        let newcomer = views.iter().filter(|v| v.in_use && v.db == 7).count();
+        assert!(newcomer > 16, "the newcomer holds {newcomer} slots once the idle owners' shares went back");
     }
 }

@@ -264,3 +264,28 @@ fn a_server_whose_mark_file_is_gone_refuses_where_snowflakes_were_made() {
     assert!(next > made);
     c.stop();
 }
+
+/// Review of #31 item 2 (helper 3): with no lock on the first use, a
+/// database whose only record of its space belonged to a prepared
+/// transaction looked new to a server that lost its mark: the next first
+/// use stamped, and 19 234 IDs came twice. A row of a prepared transaction
+/// is an earlier first use: refused until vouched for.
+#[test]
+fn a_first_use_left_prepared_is_an_earlier_use_for_a_server_that_lost_its_mark() {
+    let c = Cluster::start("upg-prepared", 55611, &[MACHINE]);
+    let mut db = c.fresh_db("prep");
+    db.batch_execute("BEGIN; SELECT max(snowflake_id()) FROM generate_series(1, 1000); PREPARE TRANSACTION 'first-use'").unwrap();
+    drop(db);
+    c.stop();
+    std::fs::remove_file(c.data_dir().join("pg_ticket_snowflake.mark")).unwrap();
+    c.up(None);
+    let mut db = c.connect_as("postgres", "prep");
+    let err = db.query_one("SELECT snowflake_id()", &[]).expect_err("the prepared first use made snowflakes under the lost mark");
+    assert_eq!(sqlstate(&err), "55000", "{err}");
+    db.batch_execute("COMMIT PREPARED 'first-use'").unwrap();
+    let err = db.query_one("SELECT snowflake_id()", &[]).expect_err("still no mark");
+    assert_eq!(sqlstate(&err), "55000", "{err}");
+    db.query_one("SELECT pgticket.raise_snowflake_mark(now())", &[]).unwrap();
+    db.query_one("SELECT snowflake_id()", &[]).expect("vouched for");
+    c.stop();
+}

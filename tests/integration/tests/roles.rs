@@ -416,3 +416,67 @@ fn busy_databases_never_keep_another_from_a_ticket_worker() {
     assert!(worst < std::time::Duration::from_secs(3), "the victim waited up to {worst:?}: {took:?}");
     c.stop();
 }
+
+/// Review of #31 item 5 (helper 3): (a) the lock that keeps two first
+/// grants of one never-leased id apart was an advisory lock any role could
+/// take (`pg_advisory_lock(x'70677469'::int, id)` for every id): every
+/// first grant failed with 53400 though ids were free; now it is a lock no
+/// SQL function can take. (b) Recording raised settings waited for a
+/// settle left open (the identity table's lock): every renewal failed
+/// with 55P03 until it ended; now it is skipped, as the settle records them.
+#[test]
+fn no_role_blocks_a_grant_or_a_renewal_through_a_lock() {
+    let c = Cluster::start(
+        "role-locks",
+        55631,
+        &["pg_ticket.lease_ids = '0-9'", "pg_ticket.machine_id = 900", "pg_ticket.lease_margin = '1s'", "pg_ticket.lease_max_ttl = '2s'"],
+    );
+    let mut admin = c.connect();
+    admin
+        .batch_execute(
+            "CREATE ROLE nobody LOGIN; CREATE ROLE holder LOGIN;
+             GRANT EXECUTE ON FUNCTION pgticket.lease_machine_id(text, interval),
+                   pgticket.renew_machine_id(integer, bigint, text, interval, bigint) TO holder;",
+        )
+        .unwrap();
+    // (a)
+    let mut nobody = c.connect_as("nobody", "postgres");
+    let held: i64 = nobody
+        .query_one("SELECT count(*) FILTER (WHERE pg_try_advisory_lock(x'70677469'::int, i)) FROM generate_series(0, 1023) i", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(held, 1024);
+    let mut holder = c.connect_as("holder", "postgres");
+    let lease = |h: &mut Client, name: &str| -> (i32, i64, String) {
+        let r = h.query_one("SELECT machine_id, lease, secret FROM pgticket.lease_machine_id($1, '2s')", &[&name]).unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    };
+    let first = lease(&mut holder, "first");
+    drop(nobody);
+    // (b) A restart leaves the registry unsettled; after its hold-off a
+    // grant settles in a transaction left open, and a reload raises the
+    // longest ttl: the other holder's renewal goes on.
+    c.stop();
+    c.up(None);
+    // The first call after the start begins the hold-off.
+    let mut open = c.connect_as("holder", "postgres");
+    let held_off = open.query_one("SELECT machine_id FROM pgticket.lease_machine_id('early', '2s')", &[]).expect_err("holds off");
+    assert_eq!(sqlstate(&held_off), "55000", "{held_off}");
+    std::thread::sleep(std::time::Duration::from_millis(3_300));
+    open.batch_execute("BEGIN").unwrap();
+    let _settling = lease(&mut open, "settles");
+    let mut holder = c.connect_as("holder", "postgres");
+    let other = lease(&mut holder, "other");
+    let mut admin = c.connect();
+    admin.batch_execute("ALTER SYSTEM SET pg_ticket.lease_max_ttl = '3s'").unwrap();
+    admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let started = std::time::Instant::now();
+    holder
+        .query_one("SELECT pgticket.renew_machine_id($1, $2, $3, '2s')", &[&other.0, &other.1, &other.2])
+        .expect("a renewal beside a settle left open");
+    assert!(started.elapsed() < std::time::Duration::from_millis(900), "waited {:?}", started.elapsed());
+    open.batch_execute("COMMIT").unwrap();
+    let _ = first;
+    c.stop();
+}
