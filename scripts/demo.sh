@@ -10,14 +10,21 @@ psql="psql -X -h $dir -p $port -U postgres -d postgres"
 $psql -v ON_ERROR_STOP=1 -e <<'SQL'
 CREATE EXTENSION pg_ticket;
 -- This server is also a machine-id registry (docs/leases.md) for the
--- ticket-client examples; a registry created holds off until its longest
--- lease could have ended, unless an administrator vouches it is new:
+-- ticket-client examples. A registry holds off after it is created (and
+-- after every start) until a lease an earlier life of it granted could
+-- have ended, 55 s by default; the refusal says until when, and how to end
+-- it:
+\set ON_ERROR_STOP 0
+SELECT * FROM pgticket.lease_machine_id('tour');
+\set ON_ERROR_STOP 1
+-- This one is new, so an administrator may vouch for it:
 SELECT pgticket.end_lease_hold_off();
 
 -- Scoped IDs: one counter per (queue, domain), created on first use.
-SELECT '/queues/' || q || '/' || d || 's/' || next_scoped_id(q, d) AS url
-  FROM (VALUES ('demo-queue', 'request'), ('demo-queue', 'request'), ('demo-queue', 'batch'),
-               ('mail-queue', 'request'), ('mail-queue', 'batch'), ('demo-queue', 'request')) v(q, d);
+SELECT '/queues/' || q || '/' || path || '/' || next_scoped_id(q, d) AS url
+  FROM (VALUES ('demo-queue', 'request', 'requests'), ('demo-queue', 'request', 'requests'),
+               ('demo-queue', 'batch', 'batches'), ('mail-queue', 'request', 'requests'),
+               ('mail-queue', 'batch', 'batches'), ('demo-queue', 'request', 'requests')) v(q, d, path);
 
 -- A gap-free invoice series: a rolled-back invoice gives its number back.
 CREATE TABLE invoice (

@@ -88,6 +88,35 @@ ALTER FUNCTION @extschema@.release_machine_id(integer, bigint, text, bigint) SET
 ALTER FUNCTION @extschema@.revoke_machine_lease(integer) RENAME TO revoke_machine_id;
 ALTER FUNCTION @extschema@.revoke_machine_id(integer) SET SCHEMA pgticket;
 ALTER FUNCTION @extschema@.end_lease_hold_off() SET SCHEMA pgticket;
+-- §18.2: a new registry grants within a minute: pg_ticket.lease_max_ttl's
+-- default is 45 s (it was 10 min), so a lease's default ttl is 30 s (it was
+-- 60 s, over the new longest), as ticket-client's and a self-leasing
+-- server's.
+CREATE OR REPLACE FUNCTION pgticket.lease_machine_id(
+	"holder" text,
+	"ttl" interval DEFAULT '30 seconds'
+) RETURNS TABLE (
+	"machine_id" INT,
+	"lease" bigint,
+	"secret" TEXT,
+	"not_before_ms" bigint,
+	"expires_at" timestamp with time zone,
+	"epoch_ms" bigint,
+	"machine_bits" INT
+)
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'lease_machine_id_with_secret_wrapper';
+CREATE OR REPLACE FUNCTION pgticket.renew_machine_id(
+	"machine_id" INT,
+	"lease" bigint,
+	"secret" TEXT,
+	"ttl" interval DEFAULT '30 seconds',
+	"last_issued_ms" bigint DEFAULT NULL
+) RETURNS timestamp with time zone
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'renew_machine_id_with_secret_wrapper';
 ALTER FUNCTION @extschema@.sharded_release(integer) RENAME TO release_shard;
 ALTER FUNCTION @extschema@.release_shard(integer) SET SCHEMA pgticket;
 ALTER FUNCTION @extschema@.sharded_accept(integer, bigint) RENAME TO accept_shard;
@@ -229,3 +258,25 @@ COMMENT ON SEQUENCE pgticket.lease_tokens IS
     'The registry''s fencing tokens';
 COMMENT ON SEQUENCE pgticket.lease_registry_seen IS
     'When the registry first saw its state not its own (a restore, a copy): the start of its hold-off';
+
+-- 0.4.0 (SPEC §18.4): number_rows() in C (no PL/pgSQL context on its
+-- refusals), with kind (was allocator), on_explicit and trigger_name.
+DROP FUNCTION @extschema@.number_rows(regclass, name, name, text, name, text);
+-- number_rows() creates the assign_scoped_id() / assign_ticket() trigger
+-- with its arguments checked at once (the trigger checks them only at the
+-- first row): a C function since 0.4.0 (src/triggers.rs), so a refusal
+-- carries no PL/pgSQL context. SECURITY INVOKER: CREATE TRIGGER checks the
+-- caller's rights on the table.
+CREATE FUNCTION number_rows(
+    relation regclass,
+    id_column name,
+    queue_column name,
+    domain text DEFAULT NULL,
+    domain_column name DEFAULT NULL,
+    kind text DEFAULT 'scoped_id',
+    on_explicit text DEFAULT 'refuse',
+    trigger_name name DEFAULT NULL
+) RETURNS name
+VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', 'number_rows';
+COMMENT ON FUNCTION number_rows(regclass, name, name, text, name, text, text, name) IS
+    'Creates a BEFORE INSERT OR UPDATE trigger numbering relation''s id_column per scope (kind scoped_id or ticket), its arguments checked now; on_explicit refuse or advance says what a value given for the column does; returns the trigger''s name';

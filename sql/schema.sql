@@ -255,92 +255,24 @@ CREATE TABLE pgticket.scope_quota (
 );
 REVOKE ALL ON pgticket.scope_quota FROM PUBLIC;
 
--- 0.3.0: number_rows() creates the assign_scoped_id() / assign_ticket()
--- trigger with its arguments checked at once (the trigger checks them only
--- at the first row). The checks are the trigger's (src/triggers.rs: columns
--- by name, the id column bigint, integer, smallint, numeric, text or varchar or a domain
--- over one, a literal domain of 1-255 bytes), with its SQLSTATEs. SECURITY
--- INVOKER: CREATE TRIGGER checks the caller's rights on the table.
+-- number_rows() creates the assign_scoped_id() / assign_ticket() trigger
+-- with its arguments checked at once (the trigger checks them only at the
+-- first row): a C function since 0.4.0 (src/triggers.rs), so a refusal
+-- carries no PL/pgSQL context. SECURITY INVOKER: CREATE TRIGGER checks the
+-- caller's rights on the table.
 CREATE FUNCTION number_rows(
     relation regclass,
     id_column name,
     queue_column name,
     domain text DEFAULT NULL,
     domain_column name DEFAULT NULL,
-    allocator text DEFAULT 'scoped_id'
+    kind text DEFAULT 'scoped_id',
+    on_explicit text DEFAULT 'refuse',
+    trigger_name name DEFAULT NULL
 ) RETURNS name
-VOLATILE LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
-DECLARE
-    trigger_function text := CASE allocator WHEN 'scoped_id' THEN 'assign_scoped_id' WHEN 'ticket' THEN 'assign_ticket' END;
-    trigger_name name := 'number_' || id_column;
-    own_schema name;
-    id_type oid;
-    column_name name;
-BEGIN
-    IF relation IS NULL OR id_column IS NULL OR queue_column IS NULL OR allocator IS NULL THEN
-        RAISE EXCEPTION 'number_rows: relation, id_column, queue_column and allocator must not be NULL'
-            USING ERRCODE = 'null_value_not_allowed';
-    END IF;
-    IF trigger_function IS NULL THEN
-        RAISE EXCEPTION 'number_rows: allocator is ''scoped_id'' or ''ticket'', not %', quote_literal(allocator)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF (domain IS NULL) = (domain_column IS NULL) THEN
-        RAISE EXCEPTION 'number_rows: give either domain (the same for every row) or domain_column'
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    IF domain = '' THEN
-        RAISE EXCEPTION 'domain must not be empty' USING ERRCODE = 'invalid_parameter_value';
-    ELSIF octet_length(domain) > 255 THEN
-        RAISE EXCEPTION 'domain is % bytes long; the limit is 255 bytes', octet_length(domain)
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    FOREACH column_name IN ARRAY ARRAY[id_column, queue_column, domain_column] LOOP
-        CONTINUE WHEN column_name IS NULL;
-        IF NOT EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = relation AND a.attname = column_name
-                                                  AND a.attnum > 0 AND NOT a.attisdropped) THEN
-            RAISE EXCEPTION 'column "%" of table % does not exist', column_name, relation
-                USING ERRCODE = 'undefined_column';
-        END IF;
-        -- A BEFORE trigger sees a generated column as NULL, and the
-        -- generated value replaces the number it sets.
-        IF EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = relation AND a.attname = column_name AND a.attgenerated <> '') THEN
-            RAISE EXCEPTION 'column "%" of table % is generated: the trigger can neither read it nor set it', column_name, relation
-                USING ERRCODE = 'invalid_parameter_value';
-        END IF;
-    END LOOP;
-    IF id_column IN (queue_column, domain_column) THEN
-        RAISE EXCEPTION 'number_rows: the id column "%" cannot also name the scope (it is NULL when the trigger runs)', id_column
-            USING ERRCODE = 'invalid_parameter_value';
-    END IF;
-    -- An identity or DEFAULT fills the column before the trigger runs, so
-    -- it would number nothing.
-    IF EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = relation AND a.attname = id_column
-                                              AND (a.attidentity <> '' OR a.atthasdef)) THEN
-        RAISE EXCEPTION 'column "%" of table % has an identity or a default: the trigger numbers only rows inserted without a value', id_column, relation
-            USING ERRCODE = 'invalid_parameter_value',
-                  HINT = 'ALTER TABLE ... ALTER COLUMN ... DROP DEFAULT (or DROP IDENTITY) first.';
-    END IF;
-    SELECT a.atttypid INTO id_type FROM pg_attribute a WHERE a.attrelid = relation AND a.attname = id_column;
-    WHILE (SELECT t.typtype FROM pg_type t WHERE t.oid = id_type) = 'd' LOOP
-        SELECT t.typbasetype INTO id_type FROM pg_type t WHERE t.oid = id_type;
-    END LOOP;
-    IF id_type NOT IN ('bigint'::regtype, 'integer'::regtype, 'smallint'::regtype, 'numeric'::regtype,
-                       'text'::regtype, 'character varying'::regtype) THEN
-        RAISE EXCEPTION 'column "%" of table % is of type %; the trigger sets bigint, integer, smallint, numeric, text or varchar columns',
-                        id_column, relation, format_type(id_type, NULL)
-            USING ERRCODE = 'datatype_mismatch';
-    END IF;
-    SELECT n.nspname INTO own_schema
-      FROM pg_extension e JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'pg_ticket';
-    EXECUTE format('CREATE TRIGGER %I BEFORE INSERT ON %s FOR EACH ROW EXECUTE FUNCTION %I.%I(%s)',
-                   trigger_name, relation, own_schema, trigger_function,
-                   CASE WHEN domain_column IS NULL THEN format('%L, %L, %L', id_column, queue_column, domain)
-                        ELSE format('%L, %L, %L, %L', id_column, queue_column, 'column', domain_column) END);
-    RETURN trigger_name;
-END $$;
-COMMENT ON FUNCTION number_rows(regclass, name, name, text, name, text) IS
-    'Creates a BEFORE INSERT trigger numbering relation''s id_column per scope, its arguments checked now';
+VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', 'number_rows';
+COMMENT ON FUNCTION number_rows(regclass, name, name, text, name, text, text, name) IS
+    'Creates a BEFORE INSERT OR UPDATE trigger numbering relation''s id_column per scope (kind scoped_id or ticket), its arguments checked now; on_explicit refuse or advance says what a value given for the column does; returns the trigger''s name';
 
 -- 0.3.0: string resource IDs (SPEC §15): the canonical decimal string of a
 -- positive counter value, as the triggers write into a text or varchar id

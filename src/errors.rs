@@ -35,6 +35,9 @@ pub enum TicketError {
     TooManyEntries(#[from] LimitReached),
     #[error("{0}")]
     TriggerMisuse(String),
+    /// SPEC §18.4: a value given for a column a trigger numbers.
+    #[error("a value was given for column {column:?} of table {table:?}, which {function}() numbers: it could be one the series hands out later")]
+    ExplicitNumber { column: String, table: String, function: &'static str },
     #[error("snowflake IDs have no infinite time")]
     InfiniteTime,
     #[error(transparent)]
@@ -86,6 +89,7 @@ impl TicketError {
         match self {
             TicketError::NullArgument(_) => ERRCODE_NULL_VALUE_NOT_ALLOWED,
             TicketError::Counter(CounterError::Overflow { .. }) => ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED,
+            TicketError::Counter(CounterError::AtOrBelowMark { .. }) => ERRCODE_UNIQUE_VIOLATION,
             TicketError::Counter(_) | TicketError::InfiniteTime | TicketError::InvalidArgument(_) => ERRCODE_INVALID_PARAMETER_VALUE,
             TicketError::NoScopeRight { .. } => ERRCODE_INSUFFICIENT_PRIVILEGE,
             TicketError::Sharded(
@@ -112,6 +116,7 @@ impl TicketError {
             | TicketError::TicketsUnavailable(_)
             | TicketError::StateTableUnfit(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             TicketError::TriggerMisuse(_) => ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
+            TicketError::ExplicitNumber { .. } => ERRCODE_GENERATED_ALWAYS,
             TicketError::NoSuchColumn { .. } => ERRCODE_UNDEFINED_COLUMN,
             TicketError::WrongColumnType { .. } => ERRCODE_DATATYPE_MISMATCH,
             TicketError::ValueDoesNotFit { .. } => ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
@@ -141,7 +146,7 @@ impl TicketError {
     fn hint(&self) -> Option<&'static str> {
         match self {
             TicketError::NotPreloaded(_) => Some(
-                "Add this line to postgresql.conf and restart the server: shared_preload_libraries = 'pg_ticket'",
+                "Add pg_ticket to shared_preload_libraries in postgresql.conf (to the list, keeping the libraries already there: e.g. 'pg_stat_statements, pg_ticket'; SHOW shared_preload_libraries shows them) and restart the server.",
             ),
             TicketError::ReadOnly { standby: true } => Some("This server is a hot standby; allocate on the primary."),
             TicketError::Snowflake(SnowflakeError::ClockBehind { .. }) => {
@@ -161,15 +166,37 @@ impl TicketError {
             }
             TicketError::TooManyEntries(LimitReached::Memory { .. }) => Some("Split the transaction."),
             TicketError::ValueDoesNotFit { .. } => Some("pgticket.set_scoped_id_limit() keeps a series within a column's range."),
+            TicketError::ExplicitNumber { .. } => Some(
+                "Leave the column out (or NULL) and the trigger numbers the row. To give numbers yourself (an import), make the trigger with number_rows(..., on_explicit => 'advance'): a given number moves the series above it, and one at or below its mark is refused.",
+            ),
             TicketError::TooManyScopes { .. } => Some(
                 "Every scope and block name is a permanent row (its mark outlives any use), counted for the role that made it in this database. A superuser may raise pg_ticket.max_scopes_per_role (for a role: ALTER ROLE ... SET); existing scopes go on.",
             ),
             TicketError::NoMachineLease(_) => Some(
                 "This server leases its machine id from pg_ticket.registry; pgticket.status shows the lease and the server log the registry's errors. Other allocators work meanwhile.",
             ),
-            TicketError::Lease(LeaseError::NoneFree { .. }) => {
-                Some("Release ids no longer used, let dead holders' leases expire, or widen pg_ticket.lease_ids.")
-            }
+            TicketError::Lease(LeaseError::NoneFree { .. }) => Some(
+                "Release ids no longer used (pgticket.release_machine_id, or pgticket.revoke_machine_id as an administrator; pgticket.machine_ids lists them), let dead holders' leases expire, or widen pg_ticket.lease_ids and reload.",
+            ),
+            TicketError::Lease(LeaseError::HoldOff { .. }) => Some(
+                "Wait (ticket-client retries by itself), or, if no earlier life of this registry can have a lease still live (a new registry, or every holder known to be gone), end the wait now as an administrator: SELECT pgticket.end_lease_hold_off(); (docs/leases.md: the hold-off).",
+            ),
+            TicketError::Lease(LeaseError::TtlOverMax { .. }) => Some(
+                "Ask for a shorter ttl (SHOW pg_ticket.lease_max_ttl), or raise pg_ticket.lease_max_ttl in postgresql.conf and reload (the registry then holds off that long after each start).",
+            ),
+            TicketError::Lease(
+                LeaseError::NotHeld { .. }
+                | LeaseError::NoSecret { .. }
+                | LeaseError::Expired { .. }
+                | LeaseError::Released { .. }
+                | LeaseError::Revoked { .. }
+                | LeaseError::OwnId { .. },
+            ) => Some(
+                "Stop issuing with this lease and take a new one: SELECT * FROM pgticket.lease_machine_id(holder, ttl) (ticket-client does both by itself).",
+            ),
+            TicketError::Lease(LeaseError::OwnIdLeasedOut { .. }) => Some(
+                "Wait until the time named, or set pg_ticket.machine_id to an id outside pg_ticket.lease_ids and restart the server; pgticket.machine_ids shows the lease.",
+            ),
             TicketError::Sharded(ShardError::Book(_)) => Some(
                 "The shard book pg_ticket_shards.book in the data directory says which shards this server accepted and released. A damaged one: stop the server and restore the file from a backup or the server's WAL (a standby's copy), or remove it and pgticket.accept_shard() each shard again above its last ID.",
             ),

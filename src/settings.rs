@@ -42,10 +42,10 @@ static TICKET_WAIT_TIMEOUT: GucSetting<i32> = GucSetting::<i32>::new(5_000);
 static TICKET_INCREMENT: GucSetting<i32> = GucSetting::<i32>::new(1);
 static TICKET_OFFSET: GucSetting<i32> = GucSetting::<i32>::new(1);
 static LEASE_MARGIN: GucSetting<i32> = GucSetting::<i32>::new(10_000);
-static LEASE_MAX_TTL: GucSetting<i32> = GucSetting::<i32>::new(600_000);
+static LEASE_MAX_TTL: GucSetting<i32> = GucSetting::<i32>::new(45_000);
 static LEASE_IDS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"0-1023"));
 static REGISTRY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
-static MACHINE_LEASE_TTL: GucSetting<i32> = GucSetting::<i32>::new(60_000);
+static MACHINE_LEASE_TTL: GucSetting<i32> = GucSetting::<i32>::new(30_000);
 /// Test builds only (TESTING.md): fault points.
 static TEST_REORDER_TICKET_INSTALLS: GucSetting<bool> = GucSetting::<bool>::new(false);
 

@@ -45,23 +45,67 @@ enum Domain {
     Column(CString),
 }
 
+/// What the trigger does with a value given for the id column (SPEC
+/// §18.4): like `GENERATED ALWAYS` (refuse) or `BY DEFAULT`, made safe
+/// (advance: the series goes on above it; a value at or below its mark is
+/// refused, as it may have been handed out). 0.3.0 left it alone, and the
+/// series later handed the same number out again.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum OnExplicit {
+    Refuse,
+    Advance,
+}
+
+impl OnExplicit {
+    pub fn parse(text: &str) -> Option<OnExplicit> {
+        match text {
+            "refuse" => Some(OnExplicit::Refuse),
+            "advance" => Some(OnExplicit::Advance),
+            _ => None,
+        }
+    }
+
+    fn argument(self) -> &'static str {
+        match self {
+            OnExplicit::Refuse => "on_explicit=refuse",
+            OnExplicit::Advance => "on_explicit=advance",
+        }
+    }
+}
+
 struct Arguments {
     id_column: CString,
     queue_column: CString,
     domain: Domain,
+    on_explicit: OnExplicit,
+    /// A trigger of 0.4.0's form (its last argument `on_explicit=...`):
+    /// the scope taken from a column is one per value the column's type
+    /// compares equal (17, 17.0 and 17.00 one series). A trigger made
+    /// before keeps 0.3.0's text, so its series go on where they are.
+    equality: bool,
 }
 
-const USAGE: &str = "(id_column, queue_column, domain) or (id_column, queue_column, 'column', domain_column)";
+const USAGE: &str = "(id_column, queue_column, domain[, 'on_explicit=refuse|advance']) or (id_column, queue_column, 'column', domain_column[, 'on_explicit=refuse|advance'])";
 
 fn arguments(trigger: &pg_sys::Trigger, function: &str) -> Arguments {
-    let args: Vec<CString> = (0..trigger.tgnargs as usize)
+    let mut args: Vec<CString> = (0..trigger.tgnargs as usize)
         .map(|i| unsafe { CStr::from_ptr(*trigger.tgargs.add(i)) }.to_owned())
         .collect();
-    let bad = || TicketError::TriggerMisuse(format!("the trigger's arguments are {function}{USAGE}")).raise();
+    let bad = || -> ! { TicketError::TriggerMisuse(format!("the trigger's arguments are {function}{USAGE}")).raise() };
+    let mode = match args.last().and_then(|last| last.to_str().ok()?.strip_prefix("on_explicit=").map(str::to_owned)) {
+        Some(mode) => {
+            args.pop();
+            Some(OnExplicit::parse(&mode).unwrap_or_else(|| bad()))
+        }
+        None => None,
+    };
+    let (on_explicit, equality) = (mode.unwrap_or(OnExplicit::Refuse), mode.is_some());
     match args.as_slice() {
-        [id, queue, domain] => Arguments { id_column: id.clone(), queue_column: queue.clone(), domain: Domain::Literal(domain.clone()) },
+        [id, queue, domain] => {
+            Arguments { id_column: id.clone(), queue_column: queue.clone(), domain: Domain::Literal(domain.clone()), on_explicit, equality }
+        }
         [id, queue, form, column] if form.as_bytes() == b"column" => {
-            Arguments { id_column: id.clone(), queue_column: queue.clone(), domain: Domain::Column(column.clone()) }
+            Arguments { id_column: id.clone(), queue_column: queue.clone(), domain: Domain::Column(column.clone()), on_explicit, equality }
         }
         _ => bad(),
     }
@@ -106,16 +150,39 @@ const CANONICAL_SETTINGS: [(&CStr, &CStr); 8] = [
 ];
 
 /// The value of a column as its canonical text, in the database's encoding
-/// (allocated in the trigger's memory context), or 22004 if NULL.
-fn column_text<'a>(values: &[pg_sys::Datum], nulls: &[bool], tupdesc: pg_sys::TupleDesc, n: i32, what: &'static str) -> Name<'a> {
+/// (allocated in the trigger's memory context), or 22004 if NULL. With
+/// `equality`, one text per value the column's type compares equal (SPEC
+/// §18.4): numeric without insignificant zeros (17, 17.0, 17.00), -0 as 0,
+/// char(n) without its padding (char(8) and char(10) one series).
+fn column_text<'a>(values: &[pg_sys::Datum], nulls: &[bool], tupdesc: pg_sys::TupleDesc, n: i32, what: &'static str, equality: bool) -> Name<'a> {
     let i = n as usize - 1;
     if nulls[i] {
         TicketError::NullArgument(what).raise();
     }
     let typid = unsafe { pg_sys::SPI_gettypeid(tupdesc, n) };
+    let base = unsafe { pg_sys::getBaseType(typid) };
+    if equality {
+        match base {
+            pg_sys::NUMERICOID => {
+                let text = unsafe { pg_sys::numeric_normalize(pg_sys::pg_detoast_datum(values[i].cast_mut_ptr()).cast()) };
+                return Name(unsafe { CStr::from_ptr(text) }.to_bytes());
+            }
+            pg_sys::FLOAT8OID | pg_sys::FLOAT4OID => {
+                let zero = if base == pg_sys::FLOAT8OID {
+                    f64::from_bits(values[i].value() as u64) == 0.0
+                } else {
+                    f32::from_bits(values[i].value() as u32) == 0.0
+                };
+                if zero {
+                    return Name(b"0");
+                }
+            }
+            _ => {}
+        }
+    }
     let (mut output, mut varlena) = (pg_sys::Oid::INVALID, false);
     unsafe { pg_sys::getTypeOutputInfo(typid, &mut output, &mut varlena) };
-    let plain = PLAIN_OUTPUT.contains(&unsafe { pg_sys::getBaseType(typid) });
+    let plain = PLAIN_OUTPUT.contains(&base);
     let text: *mut c_char = if plain {
         unsafe { pg_sys::OidOutputFunctionCall(output, values[i]) }
     } else {
@@ -140,7 +207,13 @@ fn column_text<'a>(values: &[pg_sys::Datum], nulls: &[bool], tupdesc: pg_sys::Tu
             text
         }
     };
-    Name(unsafe { CStr::from_ptr(text) }.to_bytes())
+    let bytes = unsafe { CStr::from_ptr(text) }.to_bytes();
+    if equality && base == pg_sys::BPCHAROID {
+        // Trailing spaces of char(n) are not significant to its equality.
+        let end = bytes.iter().rposition(|&b| b != b' ').map_or(0, |p| p + 1);
+        return Name(&bytes[..end]);
+    }
+    Name(bytes)
 }
 
 extern "C-unwind" {
@@ -257,21 +330,78 @@ impl IdType {
     }
 }
 
+/// What a numbering trigger does with its scope: take the next value, or
+/// claim one given explicitly (`OnExplicit::Advance`).
+trait Allocator {
+    fn next(&self, queue: Name<'_>, domain: Name<'_>) -> i64;
+    fn claim(&self, queue: Name<'_>, domain: Name<'_>, value: i64);
+}
+
+struct ScopedIds;
+
+impl Allocator for ScopedIds {
+    fn next(&self, queue: Name<'_>, domain: Name<'_>) -> i64 {
+        counters::take(Kind::Scope, queue, domain, 1).or_raise()
+    }
+
+    fn claim(&self, queue: Name<'_>, domain: Name<'_>, value: i64) {
+        counters::claim(Kind::Scope, queue, domain, value).or_raise();
+    }
+}
+
+struct Tickets;
+
+impl Allocator for Tickets {
+    fn next(&self, queue: Name<'_>, domain: Name<'_>) -> i64 {
+        crate::tickets::next(queue, domain)
+    }
+
+    fn claim(&self, queue: Name<'_>, domain: Name<'_>, value: i64) {
+        crate::tickets::claim(queue, domain, value).or_raise();
+    }
+}
+
 #[pg_trigger]
 fn assign_scoped_id<'a>(trigger: &'a PgTrigger<'a>) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgTriggerError> {
-    assign(trigger, "assign_scoped_id", |queue, domain| counters::take(Kind::Scope, queue, domain, 1).or_raise())
+    assign(trigger, "assign_scoped_id", &ScopedIds)
 }
 
 #[pg_trigger]
 fn assign_ticket<'a>(trigger: &'a PgTrigger<'a>) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgTriggerError> {
-    assign(trigger, "assign_ticket", crate::tickets::next)
+    assign(trigger, "assign_ticket", &Tickets)
 }
 
-/// The row with its id column set by `allocate(queue, domain)` if NULL.
+/// The id column's value as a number of the series (a canonical decimal
+/// string for text), for a value given explicitly; 22023 if it is none.
+fn given_number(value: pg_sys::Datum, id_type: IdType, column: &CStr, table: &str) -> i64 {
+    let number = match id_type {
+        IdType::BigInt => Some(value.value() as i64),
+        IdType::Integer => Some(i64::from(value.value() as i32)),
+        IdType::SmallInt => Some(i64::from(value.value() as i16)),
+        IdType::Numeric => {
+            let text = unsafe { CStr::from_ptr(pg_sys::numeric_normalize(pg_sys::pg_detoast_datum(value.cast_mut_ptr()).cast())) };
+            text.to_str().ok().and_then(|t| t.parse::<i64>().ok())
+        }
+        IdType::Text => {
+            let text = unsafe { CStr::from_ptr(pg_sys::text_to_cstring(value.cast_mut_ptr())) };
+            text.to_str().ok().and_then(|t| ticket_core::counter::parse_resource_id(t))
+        }
+    };
+    number.filter(|n| *n > 0).unwrap_or_else(|| {
+        TicketError::InvalidArgument(format!(
+            "the value given for column {:?} of table {table:?} is not a number of its series (a whole number from 1)",
+            for_message(column.to_bytes())
+        ))
+        .raise()
+    })
+}
+
+/// The row with its id column set by the allocator if NULL; a value given
+/// for it refused, or claimed (`OnExplicit`).
 fn assign<'a>(
     trigger: &'a PgTrigger<'a>,
     function: &'static str,
-    allocate: impl FnOnce(Name<'_>, Name<'_>) -> i64,
+    allocator: &dyn Allocator,
 ) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, PgTriggerError> {
     postgres_errors_as_raised(|| {
         let data = trigger.trigger_data();
@@ -294,28 +424,329 @@ fn assign<'a>(
             Domain::Literal(_) => None,
         };
         let id_type = IdType::of(tupdesc, id_n, &args.id_column, &table);
+        refuse_a_column_it_cannot_number(tupdesc, id_n, &args.id_column, &table);
 
         let natts = unsafe { (*tupdesc).natts } as usize;
         let mut values = vec![pg_sys::Datum::from(0); natts];
         let mut nulls = vec![false; natts];
         unsafe { pg_sys::heap_deform_tuple(tuple, tupdesc, values.as_mut_ptr(), nulls.as_mut_ptr()) };
-        if !nulls[id_n as usize - 1] {
-            // A given value is the caller's.
-            return Ok(Some(unsafe { PgHeapTuple::from_heap_tuple(PgTupleDesc::from_pg_unchecked(tupdesc), tuple) }));
-        }
-        let queue = column_text(&values, &nulls, tupdesc, queue_n, "the queue column");
+        let as_it_is = || Ok(Some(unsafe { PgHeapTuple::from_heap_tuple(PgTupleDesc::from_pg_unchecked(tupdesc), tuple) }));
+        let given = !nulls[id_n as usize - 1];
+        let queue = column_text(&values, &nulls, tupdesc, queue_n, "the queue column", args.equality);
         let domain = match (&args.domain, domain_n) {
-            (_, Some(n)) => column_text(&values, &nulls, tupdesc, n, "the domain column"),
+            (_, Some(n)) => column_text(&values, &nulls, tupdesc, n, "the domain column", args.equality),
             (Domain::Literal(text), None) => Name(text.as_bytes()),
             (Domain::Column(_), None) => unreachable!("a domain column has an attribute number"),
         };
         check_name("queue", queue.bytes()).or_raise();
         check_name("domain", domain.bytes()).or_raise();
-        let allocated = allocate(queue, domain);
+        if given && op == pg_sys::TRIGGER_EVENT_UPDATE && unchanged(data.tg_trigtuple, tuple, tupdesc, id_n, id_type) {
+            // Its number in the scope it had: an UPDATE that moves the row
+            // to another scope with it gives that scope a number.
+            let mut old_values = vec![pg_sys::Datum::from(0); natts];
+            let mut old_nulls = vec![false; natts];
+            unsafe { pg_sys::heap_deform_tuple(data.tg_trigtuple, tupdesc, old_values.as_mut_ptr(), old_nulls.as_mut_ptr()) };
+            let same_scope = |n: i32, now: Name<'_>| {
+                let i = n as usize - 1;
+                !old_nulls[i] && column_text(&old_values, &old_nulls, tupdesc, n, "", args.equality).bytes() == now.bytes()
+            };
+            if same_scope(queue_n, queue) && domain_n.is_none_or(|n| same_scope(n, domain)) {
+                return as_it_is();
+            }
+        }
+        if given {
+            match args.on_explicit {
+                OnExplicit::Refuse => TicketError::ExplicitNumber { column: for_message(args.id_column.to_bytes()), table, function }.raise(),
+                OnExplicit::Advance => {
+                    let number = given_number(values[id_n as usize - 1], id_type, &args.id_column, &table);
+                    allocator.claim(queue, domain, number);
+                    return as_it_is();
+                }
+            }
+        }
+        let allocated = allocator.next(queue, domain);
         let id = coerce_to_column(allocated, id_type.datum(allocated, &args.id_column, &table), tupdesc, id_n, &args.id_column, &table);
 
         let (column, is_null) = (id_n, false);
         let modified = unsafe { pg_sys::heap_modify_tuple_by_cols(tuple, tupdesc, 1, &column as *const i32 as *mut i32, &id as *const _ as *mut _, &is_null as *const bool as *mut bool) };
         Ok(Some(unsafe { PgHeapTuple::from_heap_tuple(PgTupleDesc::from_pg_unchecked(tupdesc), modified) }))
     })
+}
+
+/// Is the id column's value of the new row the old row's (an UPDATE that
+/// leaves the number alone)?
+fn unchanged(old: pg_sys::HeapTuple, new: pg_sys::HeapTuple, tupdesc: pg_sys::TupleDesc, n: i32, id_type: IdType) -> bool {
+    let (mut old_null, mut new_null) = (false, false);
+    let a = unsafe { pg_sys::heap_getattr(old, n, tupdesc, &mut old_null) };
+    let b = unsafe { pg_sys::heap_getattr(new, n, tupdesc, &mut new_null) };
+    if old_null || new_null {
+        return old_null == new_null;
+    }
+    let text = |d: pg_sys::Datum| -> Vec<u8> {
+        match id_type {
+            IdType::Numeric => unsafe { CStr::from_ptr(pg_sys::numeric_normalize(pg_sys::pg_detoast_datum(d.cast_mut_ptr()).cast())) }.to_bytes().to_vec(),
+            _ => unsafe { CStr::from_ptr(pg_sys::text_to_cstring(d.cast_mut_ptr())) }.to_bytes().to_vec(),
+        }
+    };
+    match id_type {
+        IdType::BigInt => a.value() as i64 == b.value() as i64,
+        IdType::Integer => a.value() as i32 == b.value() as i32,
+        IdType::SmallInt => a.value() as i16 == b.value() as i16,
+        IdType::Numeric | IdType::Text => text(a) == text(b),
+    }
+}
+
+/// A generated id column (a BEFORE trigger sees it NULL, and the generated
+/// value replaces the number: a hole in the series) is refused at its
+/// first row (SPEC §18.4); `number_rows()` refuses it, and a domain with a
+/// DEFAULT or NOT NULL, when it makes the trigger.
+fn refuse_a_column_it_cannot_number(tupdesc: pg_sys::TupleDesc, n: i32, column: &CStr, table: &str) {
+    let attrs = unsafe { PgTupleDesc::from_pg_unchecked(tupdesc) };
+    let attr = attrs.get(n as usize - 1).expect("the id column's attribute");
+    if attr.attgenerated != 0 {
+        TicketError::TriggerMisuse(format!(
+            "column {:?} of table {table:?} is generated: its value replaces any number the trigger sets",
+            for_message(column.to_bytes())
+        ))
+        .raise();
+    }
+}
+
+/// A `name` argument's text (the datum points at its NameData).
+fn name_arg(datum: Option<pg_sys::Datum>) -> Option<String> {
+    datum.map(|d| unsafe { CStr::from_ptr(d.cast_mut_ptr::<c_char>()) }.to_string_lossy().into_owned())
+}
+
+/// What `number_rows()` checks of a column, from the catalog.
+struct ColumnFacts {
+    exists: bool,
+    generated: bool,
+    identity_or_default: bool,
+    /// The column's type, each domain over it resolved: a domain on the way
+    /// with a DEFAULT or NOT NULL (`(domain name, what)`).
+    domain_default_or_not_null: Option<(String, &'static str)>,
+    base_type: pg_sys::Oid,
+    type_name: String,
+    nondeterministic_collation: bool,
+}
+
+fn column_facts(client: &pgrx::spi::SpiClient<'_>, relation: pg_sys::Oid, column: &str) -> ColumnFacts {
+    let row = client
+        .select(
+            "SELECT a.attgenerated <> '', a.attidentity <> '' OR a.atthasdef, a.atttypid,
+                    pg_catalog.format_type(a.atttypid, a.atttypmod),
+                    a.attcollation <> 0 AND NOT coalesce((SELECT c.collisdeterministic FROM pg_catalog.pg_collation c WHERE c.oid = a.attcollation), true)
+               FROM pg_catalog.pg_attribute a
+              WHERE a.attrelid = $1 AND a.attname = $2::pg_catalog.name AND a.attnum > 0 AND NOT a.attisdropped",
+            None,
+            &[relation.into(), column.into()],
+        )
+        .unwrap_or_else(|e| pgrx::error!("pg_ticket: number_rows(): {e}"));
+    let Some(row) = row.into_iter().next() else {
+        return ColumnFacts {
+            exists: false,
+            generated: false,
+            identity_or_default: false,
+            domain_default_or_not_null: None,
+            base_type: pg_sys::InvalidOid,
+            type_name: String::new(),
+            nondeterministic_collation: false,
+        };
+    };
+    let get_bool = |i: usize| row.get::<bool>(i).ok().flatten().unwrap_or(false);
+    let typid: pg_sys::Oid = row.get(3).ok().flatten().unwrap_or_default();
+    let mut facts = ColumnFacts {
+        exists: true,
+        generated: get_bool(1),
+        identity_or_default: get_bool(2),
+        domain_default_or_not_null: None,
+        base_type: unsafe { pg_sys::getBaseType(typid) },
+        type_name: row.get::<String>(4).ok().flatten().unwrap_or_default(),
+        nondeterministic_collation: get_bool(5),
+    };
+    // Walk the domains from the column's type down to its base type.
+    let mut t = typid;
+    loop {
+        let domain = client
+            .select(
+                "SELECT t.typtype = 'd', t.typbasetype, t.typdefaultbin IS NOT NULL, t.typnotnull, pg_catalog.format_type(t.oid, NULL)
+                   FROM pg_catalog.pg_type t WHERE t.oid = $1",
+                None,
+                &[t.into()],
+            )
+            .unwrap_or_else(|e| pgrx::error!("pg_ticket: number_rows(): {e}"));
+        let Some(d) = domain.into_iter().next() else { break };
+        if !d.get::<bool>(1).ok().flatten().unwrap_or(false) {
+            break;
+        }
+        let name = d.get::<String>(5).ok().flatten().unwrap_or_default();
+        if d.get::<bool>(3).ok().flatten().unwrap_or(false) {
+            facts.domain_default_or_not_null.get_or_insert((name.clone(), "a DEFAULT"));
+        }
+        if d.get::<bool>(4).ok().flatten().unwrap_or(false) {
+            facts.domain_default_or_not_null.get_or_insert((name, "NOT NULL"));
+        }
+        t = d.get::<pg_sys::Oid>(2).ok().flatten().unwrap_or_default();
+    }
+    facts
+}
+
+/// `number_rows()`: a BEFORE INSERT OR UPDATE trigger numbering `relation`'s
+/// `id_column` per scope, its arguments checked now (the trigger itself
+/// checks them only at its first row), in C so that a refusal carries no
+/// PL/pgSQL context. Its name sorts after the table's other triggers
+/// (`zz_number_<column>`, or `trigger_name`): a row-skipping BEFORE
+/// trigger that runs before it takes no number for a row it skips.
+/// A V1 C function of its own (sql/schema.sql declares it): its `name`
+/// and `regclass` arguments have no pgrx type.
+#[no_mangle]
+pub extern "C" fn pg_finfo_number_rows() -> &'static pg_sys::Pg_finfo_record {
+    const V1_API: pg_sys::Pg_finfo_record = pg_sys::Pg_finfo_record { api_version: 1 };
+    &V1_API
+}
+
+#[pg_guard]
+#[no_mangle]
+pub unsafe extern "C-unwind" fn number_rows(fcinfo: pg_sys::FunctionCallInfo) -> pg_sys::Datum {
+    let arg = |n: usize| unsafe { (!pgrx::fcinfo::pg_arg_is_null(fcinfo, n)).then(|| pgrx::fcinfo::pg_getarg_datum_raw(fcinfo, n)) };
+    let text_arg = |n: usize| arg(n).map(|d| unsafe { CStr::from_ptr(pg_sys::text_to_cstring(d.cast_mut_ptr())) }.to_string_lossy().into_owned());
+    let relation = arg(0).map(|d| pg_sys::Oid::from(d.value() as u32));
+    let (id_column, queue_column, domain_column, trigger_name) = (arg(1), arg(2), arg(4), arg(7));
+    let (domain, kind, on_explicit) = (text_arg(3), text_arg(5), text_arg(6));
+    let (domain, kind, on_explicit) = (domain.as_deref(), kind.as_deref(), on_explicit.as_deref());
+    postgres_errors_as_raised(|| {
+        let (id_column, queue_column, domain_column, trigger_name) =
+            (name_arg(id_column), name_arg(queue_column), name_arg(domain_column), name_arg(trigger_name));
+        let (Some(relation), Some(id_column), Some(queue_column), Some(kind), Some(on_explicit)) =
+            (relation, id_column, queue_column, kind, on_explicit)
+        else {
+            TicketError::NullArgument("number_rows: relation, id_column, queue_column, kind and on_explicit").raise()
+        };
+        let function = match kind {
+            "scoped_id" => "assign_scoped_id",
+            "ticket" => "assign_ticket",
+            other => TicketError::InvalidArgument(format!("number_rows: kind is 'scoped_id' or 'ticket', not {other:?}")).raise(),
+        };
+        let mode = OnExplicit::parse(on_explicit).unwrap_or_else(|| {
+            TicketError::InvalidArgument(format!("number_rows: on_explicit is 'refuse' or 'advance', not {on_explicit:?}")).raise()
+        });
+        if domain.is_none() == domain_column.is_none() {
+            TicketError::InvalidArgument("number_rows: give either domain (the same for every row) or domain_column".into()).raise();
+        }
+        if let Some(domain) = domain {
+            check_name("domain", domain.as_bytes()).or_raise();
+        }
+        let (create, name) = Spi::connect(|client| {
+            let table: String = client
+                .select("SELECT $1::pg_catalog.regclass::pg_catalog.text", None, &[relation.into()])
+                .ok()
+                .and_then(|rows| rows.first().get_one::<String>().ok().flatten())
+                .unwrap_or_default();
+            let columns: Vec<&String> = [Some(&id_column), Some(&queue_column), domain_column.as_ref()].into_iter().flatten().collect();
+            for column in &columns {
+                let facts = column_facts(&client, relation, column);
+                if !facts.exists {
+                    TicketError::NoSuchColumn { column: (*column).clone(), table: table.clone() }.raise();
+                }
+                if facts.generated {
+                    TicketError::InvalidArgument(format!(
+                        "column {column:?} of table {table} is generated: the trigger can neither read it nor set it"
+                    ))
+                    .raise();
+                }
+                if *column != &id_column && facts.nondeterministic_collation {
+                    TicketError::InvalidArgument(format!(
+                        "column {column:?} of table {table} has a nondeterministic collation: values it compares equal print differently, and would number two series"
+                    ))
+                    .raise();
+                }
+            }
+            if Some(&id_column) == Some(&queue_column) || Some(&id_column) == domain_column.as_ref() {
+                TicketError::InvalidArgument(format!(
+                    "number_rows: the id column {id_column:?} cannot also name the scope (it is NULL when the trigger runs)"
+                ))
+                .raise();
+            }
+            let id = column_facts(&client, relation, &id_column);
+            if id.identity_or_default {
+                TicketError::InvalidArgument(format!(
+                    "column {id_column:?} of table {table} has an identity or a default: the trigger numbers only rows inserted without a value (ALTER TABLE ... ALTER COLUMN ... DROP DEFAULT, or DROP IDENTITY, first)"
+                ))
+                .raise();
+            }
+            if let Some((domain_type, what)) = &id.domain_default_or_not_null {
+                TicketError::InvalidArgument(format!(
+                    "column {id_column:?} of table {table} is of domain {domain_type}, which has {what}: {}",
+                    if *what == "NOT NULL" { "a row inserted without a number fails before the trigger runs" } else { "every row inserted without a number gets the default, and the trigger numbers nothing" }
+                ))
+                .raise();
+            }
+            if ![pg_sys::INT8OID, pg_sys::INT4OID, pg_sys::INT2OID, pg_sys::NUMERICOID, pg_sys::TEXTOID, pg_sys::VARCHAROID].contains(&id.base_type) {
+                TicketError::WrongColumnType { column: id_column.clone(), table: table.clone(), type_name: id.type_name.clone() }.raise();
+            }
+            let own_schema: String = client
+                .select(
+                    "SELECT n.nspname::pg_catalog.text FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
+                      WHERE e.extname = 'pg_ticket'",
+                    None,
+                    &[],
+                )
+                .ok()
+                .and_then(|rows| rows.first().get_one::<String>().ok().flatten())
+                .unwrap_or_else(|| "public".into());
+            let name = trigger_name.unwrap_or_else(|| truncate_name(&format!("zz_number_{id_column}")));
+            let mut args = vec![quote_literal(&id_column), quote_literal(&queue_column)];
+            match (domain, &domain_column) {
+                (Some(domain), _) => args.push(quote_literal(domain)),
+                (None, Some(column)) => {
+                    args.push(quote_literal("column"));
+                    args.push(quote_literal(column));
+                }
+                (None, None) => unreachable!("checked above"),
+            }
+            args.push(quote_literal(mode.argument()));
+            // An UPDATE of the number, or of the scope it is a number of,
+            // gives a number too (the trigger refuses or claims it).
+            let updated: Vec<String> = columns.iter().map(|c| quote_ident(c)).collect();
+            let create = format!(
+                "CREATE TRIGGER {} BEFORE INSERT OR UPDATE OF {} ON {} FOR EACH ROW EXECUTE FUNCTION {}.{}({})",
+                quote_ident(&name),
+                updated.join(", "),
+                table,
+                quote_ident(&own_schema),
+                function,
+                args.join(", ")
+            );
+            (create, name)
+        });
+        Spi::run(&create).unwrap_or_else(|e| pgrx::error!("pg_ticket: number_rows(): {e}"));
+        {
+            let mut data = pg_sys::NameData { data: [0; pg_sys::NAMEDATALEN as usize] };
+            for (i, b) in name.bytes().take(pg_sys::NAMEDATALEN as usize - 1).enumerate() {
+                data.data[i] = b as c_char;
+            }
+            let boxed = unsafe { pg_sys::palloc(std::mem::size_of::<pg_sys::NameData>()) as *mut pg_sys::NameData };
+            unsafe { boxed.write(data) };
+            pg_sys::Datum::from(boxed)
+        }
+    })
+}
+
+/// A name cut to PostgreSQL's 63 bytes (on a character boundary).
+fn truncate_name(name: &str) -> String {
+    let mut end = name.len().min(pg_sys::NAMEDATALEN as usize - 1);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name[..end].to_string()
+}
+
+fn quote_ident(text: &str) -> String {
+    let c = CString::new(text).unwrap_or_default();
+    unsafe { CStr::from_ptr(pg_sys::quote_identifier(c.as_ptr())) }.to_string_lossy().into_owned()
+}
+
+fn quote_literal(text: &str) -> String {
+    let c = CString::new(text).unwrap_or_default();
+    unsafe { CStr::from_ptr(pg_sys::quote_literal_cstr(c.as_ptr())) }.to_string_lossy().into_owned()
 }

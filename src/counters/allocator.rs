@@ -114,6 +114,13 @@ pub fn advance(kind: Kind, a: Name<'_>, b: Name<'_>, to: i64) -> Result<i64, Tic
     update_mark(kind, a, b, Change::AdvanceTo(to))
 }
 
+/// A value given explicitly for `(kind, a, b)` (a numbering trigger's
+/// `on_explicit => 'advance'`) becomes its mark, if above it: the series
+/// goes on above it, never below.
+pub fn claim(kind: Kind, a: Name<'_>, b: Name<'_>, value: i64) -> Result<i64, TicketError> {
+    update_mark(kind, a, b, Change::Claim(value))
+}
+
 /// Close a counter at its mark (its limit becomes its mark); the mark.
 pub fn retire(kind: Kind, a: Name<'_>, b: Name<'_>) -> Result<i64, TicketError> {
     update_row(kind, a, b, Change::Retire).map(|row| row.mark)

@@ -45,7 +45,7 @@ fn machine_id_arg(machine_id: Option<i32>) -> u16 {
 #[pg_extern(name = "lease_machine_id", volatile, parallel_unsafe, schema = "pgticket")]
 fn lease_machine_id_with_secret(
     holder: Option<Name<'_>>,
-    ttl: default!(Option<Interval>, "'60 seconds'"),
+    ttl: default!(Option<Interval>, "'30 seconds'"),
 ) -> TableIterator<
     'static,
     (
@@ -84,7 +84,7 @@ fn renew_machine_id_with_secret(
     machine_id: Option<i32>,
     lease: Option<i64>,
     secret: Option<&str>,
-    ttl: default!(Option<Interval>, "'60 seconds'"),
+    ttl: default!(Option<Interval>, "'30 seconds'"),
     last_issued_ms: default!(Option<i64>, "NULL"),
 ) -> TimestampWithTimeZone {
     postgres_errors_as_raised(|| {

@@ -411,7 +411,7 @@ pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
         let serving = serving(client, me)?;
         let now_ms = now_unix_ms();
         if now_ms < serving.grants_from_ms {
-            return Ok(Err(LeaseError::HoldOff { wait_ms: serving.grants_from_ms - now_ms }.into()));
+            return Ok(Err(LeaseError::HoldOff { from_ms: serving.grants_from_ms, wait_ms: serving.grants_from_ms - now_ms }.into()));
         }
         if !serving.settled {
             settle(client, me, &serving)?;

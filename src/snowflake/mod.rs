@@ -274,20 +274,34 @@ fn issue(clock: &impl Clock, machine_id: u16, stamp_cap_unix_ms: i64) -> Result<
     )
 }
 
-/// This server's epoch. Without preloading the epoch setting does not
-/// exist, so reading IDs with the default could silently be wrong: refused.
-fn epoch_for(function: &'static str) -> i64 {
-    if !settings::preloaded() {
+/// The space this database's IDs are read in (`space::for_reading`).
+/// Without preloading and with no space recorded, the epoch setting does
+/// not exist, so reading IDs with the default could silently be wrong:
+/// refused.
+fn space_for(function: &'static str) -> (i64, layout::Layout) {
+    let Some(space) = space::for_reading().or_raise() else {
         TicketError::NotPreloaded(function).raise();
-    }
-    settings::epoch_unix_ms()
+    };
+    let Some(layout) = space.layout() else {
+        TicketError::BadConfiguration(format!(
+            "this database's recorded ID space (pgticket.id_space) has {} machine bits, which no layout has",
+            space.machine_bits
+        ))
+        .raise();
+    };
+    (space.epoch_unix_ms, layout)
 }
 
-/// (timestamp as Unix ms, machine id, sequence) of an ID, using this
-/// server's epoch and layout.
+/// The epoch this database's IDs (snowflake and sharded) are read in.
+fn epoch_for(function: &'static str) -> i64 {
+    space_for(function).0
+}
+
+/// (timestamp as Unix ms, machine id, sequence) of an ID, in this
+/// database's space.
 pub fn decode(id: i64) -> (i64, u16, u16) {
-    let epoch = epoch_for("snowflake_decode");
-    let parts = settings::layout().decompose(id).or_raise();
+    let (epoch, layout) = space_for("snowflake_decode");
+    let parts = layout.decompose(id).or_raise();
     (epoch + parts.millis as i64, parts.machine_id, parts.sequence)
 }
 

@@ -108,7 +108,7 @@ fn sharded_accept(shard: Option<i32>, handover_id: Option<i64>) -> i64 {
     })
 }
 
-/// The parts of a sharded ID, read with this server's epoch.
+/// The parts of a sharded ID, read in this database's epoch (`epoch_for`).
 #[pg_extern(stable, parallel_safe)]
 fn sharded_decode(
     id: Option<i64>,

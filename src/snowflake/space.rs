@@ -28,6 +28,8 @@ thread_local! {
     /// The transaction (or subtransaction) that recorded this database's
     /// space in this backend, if one did.
     static RECORDED_BY: Cell<pg_sys::TransactionId> = const { Cell::new(pg_sys::InvalidTransactionId) };
+    /// The space `for_reading` found, at a state-table generation.
+    static READ_IN: Cell<Option<(u64, Option<IdSpace>)>> = const { Cell::new(None) };
 }
 
 /// Whether this database's space was recorded by the current transaction
@@ -185,6 +187,39 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
             Err(TicketError::Snowflake(SnowflakeError::OtherIdSpace { location: "this database (pgticket.id_space, carried by its dump)".into(), recorded, configured }))
         }
     }
+}
+
+/// The space to read this database's snowflakes in (`snowflake_decode`,
+/// `snowflake_min_id`, `snowflake_max_id`; SPEC §18.1): the one recorded
+/// with it — a database restored from a server of another space holds that
+/// space's IDs, and decoding them with this server's bits would misread
+/// them (machine 5 read as 20) — or, with none recorded, this server's
+/// (None: not preloaded, no space known). Records nothing; two recorded
+/// spaces are refused. Read once per state-table generation.
+pub fn for_reading() -> Result<Option<IdSpace>, TicketError> {
+    let generation = state_tables::generation();
+    if let Some((at, space)) = READ_IN.get() {
+        if at == generation {
+            return Ok(space);
+        }
+    }
+    let recorded = match state_tables::lookup().and_then(|t| t.id_space) {
+        Some(table) => committed_spaces(table.oid),
+        None => Vec::new(),
+    };
+    let space = match recorded[..] {
+        [] => settings::preloaded().then(super::id_space),
+        [one] => Some(one),
+        [first, second, ..] => {
+            return Err(TicketError::Snowflake(SnowflakeError::OtherIdSpace {
+                location: "this database (pgticket.id_space, carried by its dump)".into(),
+                recorded: first,
+                configured: second,
+            }))
+        }
+    };
+    READ_IN.set(Some((generation, space)));
+    Ok(space)
 }
 
 /// The spaces in `pgticket.id_space` as committed now (a self snapshot: it

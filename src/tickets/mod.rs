@@ -441,23 +441,42 @@ fn advance_ticket(queue: Option<Name<'_>>, domain: Option<Name<'_>>, mark: Optio
         if !settings::preloaded() {
             TicketError::NotPreloaded("pgticket.advance_ticket").raise();
         }
-        xact::check_writable().or_raise();
-        check_right(queue, domain);
-        let mut key = Vec::new();
-        encode(&mut key, queue, domain);
-        let scope = scope_id(&key);
-        // Never below what the cache reserved, even if the row says less.
-        let reserved = shmem::slots().iter().fold(0, |most, slot| {
-            let g = slot.lock();
-            if g.matches(&scope) { most.max(g.reserved_to) } else { most }
-        });
-        worker::advance_in_table(queue, domain, mark, reserved).or_raise();
-        remember_advanced(scope.hash);
-        // Dropped now, before the commit: a segment reserved meanwhile waits
-        // for this row lock and lands above the new mark.
-        shmem::empty_slots(|g| g.matches(&scope));
+        move_forward(queue, domain, mark, false).or_raise();
         mark
     })
+}
+
+/// A ticket given explicitly (a numbering trigger's `on_explicit =>
+/// 'advance'`, SPEC §18.4): every ticket of the scope from now on is above
+/// it; refused (23505) if it is not above every ticket reserved so far
+/// (it may have been handed out).
+pub fn claim(queue: Name<'_>, domain: Name<'_>, value: i64) -> Result<(), TicketError> {
+    if !settings::preloaded() {
+        return Err(TicketError::NotPreloaded("assign_ticket"));
+    }
+    move_forward(queue, domain, value, true)
+}
+
+/// The scope's mark moved to `to` (with `claim`, only if above every
+/// ticket reserved): in the caller's transaction, its cached tickets
+/// dropped, as `pgticket.advance_ticket` does.
+fn move_forward(queue: Name<'_>, domain: Name<'_>, to: i64, claim: bool) -> Result<(), TicketError> {
+    xact::check_writable()?;
+    check_right(queue, domain);
+    let mut key = Vec::new();
+    encode(&mut key, queue, domain);
+    let scope = scope_id(&key);
+    // Never below what the cache reserved, even if the row says less.
+    let reserved = shmem::slots().iter().fold(0, |most, slot| {
+        let g = slot.lock();
+        if g.matches(&scope) { most.max(g.reserved_to) } else { most }
+    });
+    worker::advance_in_table(queue, domain, to, reserved, claim)?;
+    remember_advanced(scope.hash);
+    // Dropped now, before the commit: a segment reserved meanwhile waits
+    // for this row lock and lands above the new mark.
+    shmem::empty_slots(|g| g.matches(&scope));
+    Ok(())
 }
 
 /// SPEC §17.3: a row of `(queue, domain)` loaded from outside (a restore

@@ -692,8 +692,10 @@ fn reserve_together(requests: &[Wanted], series: Series) -> Vec<Reserved> {
 
 /// `pgticket.advance_ticket` in the caller's transaction: the row locked and moved
 /// forward, never back — never below `floor` either, what the cache has
-/// reserved of the scope (a row deleted behind our back says less).
-pub fn advance_in_table(queue: Name<'_>, domain: Name<'_>, to: i64, floor: i64) -> Result<(), TicketError> {
+/// reserved of the scope (a row deleted behind our back says less). With
+/// `claim`, `to` must be above both (a value given explicitly: the mark
+/// itself was handed out).
+pub fn advance_in_table(queue: Name<'_>, domain: Name<'_>, to: i64, floor: i64, claim: bool) -> Result<(), TicketError> {
     let series = settings::ticket_series();
     as_owner_of(state_tables::tickets(), || Spi::connect_mut(|client| -> Result<Result<(), TicketError>, pgrx::spi::Error> {
         // An administrator's: not counted against anyone.
@@ -705,6 +707,9 @@ pub fn advance_in_table(queue: Name<'_>, domain: Name<'_>, to: i64, floor: i64) 
             ))));
         };
         let mark = mark.max(floor);
+        if claim && to <= mark {
+            return Ok(Err(ticket_core::counter::CounterError::AtOrBelowMark { what: "ticket scope", value: to, mark }.into()));
+        }
         if to < mark {
             return Ok(Err(ticket_core::counter::CounterError::MarkBackwards { what: "ticket scope", current: mark, requested: to }.into()));
         }

@@ -31,6 +31,15 @@ pub mod keeper;
 mod pool;
 mod registry;
 
+// The README's and docs/leases.md's Rust snippets, compiled as doctests
+// (SPEC §18.1): a snippet that stops compiling fails `cargo test`.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+struct ReadmeSnippets;
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/leases.md")]
+struct LeasesDocSnippets;
+
 pub use generator::{GeneratorConfig, LeasedGenerator};
 pub use pool::{BlockPool, PoolConfig, PoolStats};
 pub use registry::Grant;

@@ -40,6 +40,10 @@ pub enum CounterError {
     PastLimit { what: &'static str, requested: i64, limit: i64 },
     #[error("cannot limit {what} to {requested}: it has already handed out values up to {mark}")]
     LimitBelowMark { what: &'static str, requested: i64, mark: i64 },
+    /// An explicit value at or below the mark (SPEC §18.4): it may have
+    /// been handed out already.
+    #[error("{value} is not above the mark {mark} of {what}: it may have been handed out already")]
+    AtOrBelowMark { what: &'static str, value: i64, mark: i64 },
 }
 
 /// The largest limit, and the one every scope starts with.
@@ -64,6 +68,10 @@ pub enum Change {
     /// Close the counter: its limit becomes its mark, which it keeps (so
     /// its name can never count from 1 again).
     Retire,
+    /// A value given explicitly becomes the mark (SPEC §18.4, a numbering
+    /// trigger's `on_explicit => 'advance'`): only one above the mark, which
+    /// nobody can have been handed out, and within the limit.
+    Claim(i64),
 }
 
 impl Change {
@@ -77,6 +85,9 @@ impl Change {
             Change::LimitTo(max) if max < mark => Err(CounterError::LimitBelowMark { what, requested: max, mark }),
             Change::LimitTo(max) => Ok(Mark { mark, limit: max }),
             Change::Retire => Ok(Mark { mark, limit: mark }),
+            Change::Claim(value) if value <= mark => Err(CounterError::AtOrBelowMark { what, value, mark }),
+            Change::Claim(value) if value > limit => Err(CounterError::PastLimit { what, requested: value, limit }),
+            Change::Claim(value) => Ok(Mark { mark: value, limit }),
         }
     }
 
@@ -84,7 +95,7 @@ impl Change {
     pub fn taken_by_lock(self) -> i64 {
         match self {
             Change::Take(n) => n,
-            Change::AdvanceTo(_) | Change::LimitTo(_) | Change::Retire => 0,
+            Change::AdvanceTo(_) | Change::LimitTo(_) | Change::Retire | Change::Claim(_) => 0,
         }
     }
 }
@@ -144,6 +155,11 @@ mod tests {
     #[test]
     fn changes_keep_marks_forward_and_within_the_limit() {
         let at = |mark, limit| Mark { mark, limit };
+        assert_eq!(Change::Claim(6).apply("c", at(5, 100)), Ok(at(6, 100)));
+        assert_eq!(Change::Claim(50).apply("c", at(5, 100)), Ok(at(50, 100)), "a gap the caller chose");
+        assert!(matches!(Change::Claim(5).apply("c", at(5, 100)), Err(CounterError::AtOrBelowMark { .. })), "the mark was handed out");
+        assert!(matches!(Change::Claim(1).apply("c", at(5, 100)), Err(CounterError::AtOrBelowMark { .. })));
+        assert!(matches!(Change::Claim(101).apply("c", at(5, 100)), Err(CounterError::PastLimit { .. })));
         assert_eq!(Change::AdvanceTo(10).apply("c", at(5, 100)), Ok(at(10, 100)));
         assert_eq!(Change::AdvanceTo(5).apply("c", at(5, 100)), Ok(at(5, 100)), "standing still is allowed");
         assert!(matches!(Change::AdvanceTo(4).apply("c", at(5, 100)), Err(CounterError::MarkBackwards { .. })));
@@ -177,5 +193,26 @@ mod tests {
             check_block_size(MAX_BLOCK_SIZE + 1),
             Err(CounterError::SizeTooLarge(MAX_BLOCK_SIZE + 1))
         );
+    }
+}
+
+/// A string resource ID's number (SPEC §15): the canonical decimal string
+/// of 1 .. 2^63-1 — digits only, no sign, no leading zero — else None.
+pub fn parse_resource_id(text: &str) -> Option<i64> {
+    let canonical = !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit()) && !text.starts_with('0');
+    canonical.then(|| text.parse::<i64>().ok()).flatten()
+}
+
+#[cfg(test)]
+mod resource_id_tests {
+    use super::parse_resource_id;
+
+    #[test]
+    fn only_canonical_decimal_strings_are_numbers() {
+        assert_eq!(parse_resource_id("42"), Some(42));
+        assert_eq!(parse_resource_id("9223372036854775807"), Some(i64::MAX));
+        for bad in ["", "0", "042", "+42", "-1", " 42", "4 2", "9223372036854775808", "demo-queue/42"] {
+            assert_eq!(parse_resource_id(bad), None, "{bad:?}");
+        }
     }
 }

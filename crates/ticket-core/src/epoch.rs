@@ -1,4 +1,6 @@
-//! Parsing the `pg_ticket.epoch` setting: a UTC date or date and time.
+//! Parsing the `pg_ticket.epoch` setting: a UTC date or date and time;
+//! times and durations as messages write them (SPEC §18.2: never raw
+//! milliseconds).
 //!
 //! Kept free of PostgreSQL so the setting can be checked once at server start
 //! (in `_PG_init`), before any shared state exists, without a catalog lookup.
@@ -95,6 +97,30 @@ pub fn format_unix_ms(unix_ms: i64) -> String {
     format!("{year:04}-{month:02}-{day:02} {h:02}:{m:02}:{s:02}{fraction} UTC")
 }
 
+/// A duration for messages, as a person reads it: `250 ms`, `1.5 s`,
+/// `55 s`, `10 min 10 s`, `2 h 5 min`, `2 d 3 h` (rounded down to its two
+/// largest units).
+pub fn format_duration_ms(ms: i64) -> String {
+    let sign = if ms < 0 { "-" } else { "" };
+    let ms = ms.unsigned_abs();
+    let text = match ms {
+        0..=999 => format!("{ms} ms"),
+        1_000..=59_999 if ms % 1000 == 0 => format!("{} s", ms / 1000),
+        1_000..=59_999 => format!("{}.{} s", ms / 1000, ms % 1000 / 100),
+        60_000..=3_599_999 => two_units(ms / 1000, 60, "min", "s"),
+        3_600_000..=86_399_999 => two_units(ms / 60_000, 60, "h", "min"),
+        _ => two_units(ms / 3_600_000, 24, "d", "h"),
+    };
+    format!("{sign}{text}")
+}
+
+fn two_units(small: u64, per_large: u64, large_unit: &str, small_unit: &str) -> String {
+    match small % per_large {
+        0 => format!("{} {large_unit}", small / per_large),
+        rest => format!("{} {large_unit} {rest} {small_unit}", small / per_large),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -108,6 +134,28 @@ mod tests {
         for text in ["2026-01-01", "2024-02-29 12:34:56", "1970-01-01"] {
             let ms = parse_epoch_ms(text).unwrap();
             assert!(format_unix_ms(ms).starts_with(text.split(' ').next().unwrap()), "{text}");
+        }
+    }
+
+    #[test]
+    fn durations_in_messages_read_as_a_person_says_them() {
+        let cases = [
+            (0, "0 ms"),
+            (250, "250 ms"),
+            (1_000, "1 s"),
+            (1_500, "1.5 s"),
+            (55_000, "55 s"),
+            (59_999, "59.9 s"),
+            (60_000, "1 min"),
+            (610_000, "10 min 10 s"),
+            (3_600_000, "1 h"),
+            (7_500_000, "2 h 5 min"),
+            (86_400_000, "1 d"),
+            (183_600_000, "2 d 3 h"),
+            (-1_500, "-1.5 s"),
+        ];
+        for (ms, text) in cases {
+            assert_eq!(format_duration_ms(ms), text, "{ms} ms");
         }
     }
 

@@ -19,9 +19,9 @@ pub const MIN_MARGIN_MS: i64 = 1_000;
 
 #[derive(Debug, Clone, Error, PartialEq, Eq)]
 pub enum LeaseError {
-    #[error("a lease lasts from 1 second to 1 day, not {ttl_ms} ms")]
+    #[error("a lease lasts from 1 second to 1 day, not {}", crate::epoch::format_duration_ms(*.ttl_ms))]
     BadTtl { ttl_ms: i64 },
-    #[error("a lease lasts at most pg_ticket.lease_max_ttl ({max_ttl_ms} ms) on this registry, not {ttl_ms} ms")]
+    #[error("a lease lasts at most pg_ticket.lease_max_ttl ({}) on this registry, not {}", crate::epoch::format_duration_ms(*.max_ttl_ms), crate::epoch::format_duration_ms(*.ttl_ms))]
     TtlOverMax { ttl_ms: i64, max_ttl_ms: i64 },
     #[error("machine id {machine_id} was never leased by this registry")]
     NeverLeased { machine_id: u16 },
@@ -35,7 +35,7 @@ pub enum LeaseError {
     BadSecret,
     #[error("last_issued_ms {last_issued_ms} ({}) is past lease {lease}'s end plus pg_ticket.lease_margin ({}): no holder stamps there", crate::epoch::format_unix_ms(*.last_issued_ms), crate::epoch::format_unix_ms(*.limit_ms))]
     LastIssuedTooLate { lease: i64, last_issued_ms: i64, limit_ms: i64 },
-    #[error("lease {lease} of machine id {machine_id} expired {ago_ms} ms ago; stop issuing and lease anew")]
+    #[error("lease {lease} of machine id {machine_id} expired {} ago; stop issuing and lease anew", crate::epoch::format_duration_ms(*.ago_ms))]
     Expired { machine_id: u16, lease: i64, ago_ms: i64 },
     #[error("lease {lease} of machine id {machine_id} was released; lease anew")]
     Released { machine_id: u16, lease: i64 },
@@ -49,9 +49,9 @@ pub enum LeaseError {
     /// leased out by its registry (no token named: the caller may be any role).
     #[error("this server stamps machine id {machine_id} (pg_ticket.machine_id), which this database's lease registry has leased out until {}: snowflake_id() is refused until then (renewals of that lease are refused, so its holder stops)", crate::epoch::format_unix_ms(*.free_from_ms))]
     OwnIdLeasedOut { machine_id: u16, free_from_ms: i64 },
-    #[error("this registry started (a restart, a restore, a promotion or a copy) and may have forgotten leases granted since its state was saved: it grants again in {wait_ms} ms (pg_ticket.lease_max_ttl plus pg_ticket.lease_margin after it started serving); renewals go on")]
-    HoldOff { wait_ms: i64 },
-    #[error("no machine id is free: {held} held, {cooling} within pg_ticket.lease_margin of their end{}", match .next_free_in_ms { Some(ms) => format!("; the next frees in {ms} ms"), None => String::new() })]
+    #[error("this registry started (a restart, a restore, a promotion, a copy, or CREATE EXTENSION) and may have forgotten leases an earlier life of it granted: it grants again from {} (in {}: the longest pg_ticket.lease_max_ttl it allowed plus pg_ticket.lease_margin, after it started serving); renewals go on", crate::epoch::format_unix_ms(*.from_ms), crate::epoch::format_duration_ms(*.wait_ms))]
+    HoldOff { from_ms: i64, wait_ms: i64 },
+    #[error("no machine id is free: {held} held, {cooling} within pg_ticket.lease_margin of their end{}", match .next_free_in_ms { Some(ms) => format!("; the next frees in {}", crate::epoch::format_duration_ms(*ms)), None => String::new() })]
     NoneFree { held: usize, cooling: usize, next_free_in_ms: Option<i64> },
     #[error("{text:?} is not a list of machine ids: write ranges like '0-99, 200, 300-310' within 0..{max}")]
     BadIdList { text: String, max: u16 },

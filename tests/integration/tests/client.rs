@@ -195,7 +195,7 @@ fn a_generator_frozen_past_its_lease_issues_nothing_until_it_holds_a_new_one() {
     // Past its ttl (2 s) plus the margin (1 s): the id is free, and taken.
     std::thread::sleep(Duration::from_millis(3_500));
     let mut db = registry.connect();
-    let intruder = db.query_one("SELECT lease, secret, not_before_ms FROM pgticket.lease_machine_id('intruder', '60 seconds')", &[]).unwrap();
+    let intruder = db.query_one("SELECT lease, secret, not_before_ms FROM pgticket.lease_machine_id('intruder', '30 seconds')", &[]).unwrap();
     let (intruder_lease, intruder_secret, intruder_not_before): (i64, String, i64) = (intruder.get(0), intruder.get(1), intruder.get(2));
     signal(&child, libc::SIGCONT);
     std::thread::sleep(Duration::from_secs(2));

@@ -281,7 +281,7 @@ fn an_older_dump_restored_into_a_registry_keeps_the_later_leases() {
     let c = Cluster::start("regkeep", 55609, &["pg_ticket.lease_margin = '1s'"]);
     let mut db = c.connect();
     let lease = |db: &mut Client, holder: &str| -> (i32, i64, String) {
-        let r = db.query_one("SELECT machine_id, lease, secret FROM pgticket.lease_machine_id($1, '60s')", &[&holder]).unwrap();
+        let r = db.query_one("SELECT machine_id, lease, secret FROM pgticket.lease_machine_id($1, '30s')", &[&holder]).unwrap();
         (r.get(0), r.get(1), r.get(2))
     };
     let (first, first_token, first_secret) = lease(&mut db, "h1");

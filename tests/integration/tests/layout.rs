@@ -253,3 +253,45 @@ fn concurrent_first_snowflakes_of_a_new_database_all_succeed() {
     assert_eq!(spaces, 1);
     c.stop();
 }
+
+/// #32 item 7: a database restored from a server of another ID space holds
+/// that space's IDs; `snowflake_decode()` and the range functions read them
+/// in the space recorded with it, not in this server's bits (machine 5 of
+/// 12 bits read as machine 1 of 10), and refuse a database holding two.
+#[test]
+fn a_database_of_another_recorded_space_is_read_in_its_own_space() {
+    let c = Cluster::start("layout-read", 55632, &["pg_ticket.machine_id = 7"]);
+    let server_epoch: i64 =
+        c.connect().query_one("SELECT epoch_ms FROM pgticket.snowflake_id_space()", &[]).unwrap().get(0);
+    // Made 1 s after its epoch by machine 5 of a 12-bit server whose epoch
+    // is a day before this server's: 10 sequence bits.
+    let id: i64 = (1000_i64 << 22) | (5 << 10) | 3;
+    let decode = "SELECT (extract(epoch FROM created_at) * 1000)::bigint, machine_id, sequence FROM snowflake_decode($1)";
+    let mut restored = c.fresh_db("restored");
+    restored
+        .execute("INSERT INTO pgticket.id_space (epoch_ms, machine_bits) VALUES ($1, 12)", &[&(server_epoch - 86_400_000)])
+        .unwrap();
+    let r = restored.query_one(decode, &[&id]).unwrap();
+    assert_eq!((r.get::<_, i64>(0), r.get::<_, i32>(1), r.get::<_, i32>(2)), (server_epoch - 86_400_000 + 1000, 5, 3));
+    let (low, high): (i64, i64) = {
+        let r = restored
+            .query_one("SELECT snowflake_min_id(to_timestamp($1::bigint / 1000.0)), snowflake_max_id(to_timestamp($1::bigint / 1000.0))", &[&(server_epoch - 86_400_000 + 1000)])
+            .unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert!(low <= id && id <= high, "the range of its millisecond, in its epoch, holds it: {low} {id} {high}");
+    // Its own snowflakes stay refused (another space).
+    let err = restored.query_one("SELECT snowflake_id()", &[]).unwrap_err();
+    assert_eq!(sqlstate(&err), "55000", "{err}");
+
+    // A database of this server's space reads the same bits as this server.
+    let mut own = c.fresh_db("own");
+    let r = own.query_one(decode, &[&id]).unwrap();
+    assert_eq!((r.get::<_, i64>(0), r.get::<_, i32>(1), r.get::<_, i32>(2)), (server_epoch + 1000, 1, 1024 + 3));
+
+    // A database holding IDs of two spaces: no single reading, refused.
+    restored.execute("INSERT INTO pgticket.id_space (epoch_ms, machine_bits) VALUES ($1, 10)", &[&server_epoch]).unwrap();
+    let err = restored.query_one(decode, &[&id]).unwrap_err();
+    assert_eq!(sqlstate(&err), "55000", "{err}");
+    c.stop();
+}

@@ -57,7 +57,7 @@ fn concurrent_leasers_never_share_an_id() {
                 let c = &c;
                 s.spawn(move || {
                     let mut client = c.connect();
-                    lease(&mut client, &format!("racer-{i}"), "60 seconds").map_err(|e| sqlstate(&e))
+                    lease(&mut client, &format!("racer-{i}"), "30 seconds").map_err(|e| sqlstate(&e))
                 })
             })
             .collect();
@@ -127,19 +127,19 @@ fn concurrent_leasers_never_share_an_id() {
 fn an_id_frees_only_after_its_lease_ended_plus_the_margin() {
     let c = Cluster::start("leases-margin", 55454, &["pg_ticket.lease_ids = '1'", "pg_ticket.lease_margin = '2s'"]);
     let mut db = c.connect();
-    let first = lease(&mut db, "a", "60 seconds").unwrap();
+    let first = lease(&mut db, "a", "30 seconds").unwrap();
     // Never leased: nothing to stamp above but the end of the hold-off
     // (ended by pgticket.end_lease_hold_off() at CREATE EXTENSION, already past).
     assert_eq!(first.machine_id, 1);
     assert!(first.not_before_ms > 0 && first.not_before_ms <= now_ms(), "never leased: {first:?}");
-    assert_eq!(refused(lease(&mut db, "b", "60 seconds")), "53400");
+    assert_eq!(refused(lease(&mut db, "b", "30 seconds")), "53400");
 
     // Released, reporting a stamp ahead of the registry's clock (within the
     // margin: a stamp past the release plus the margin is refused, 22023).
     let ahead = now_ms() + 1_500;
     release(&mut db, &first, Some(ahead));
     let released_at = now_ms();
-    assert_eq!(refused(lease(&mut db, "b", "60 seconds")), "53400", "within the margin");
+    assert_eq!(refused(lease(&mut db, "b", "30 seconds")), "53400", "within the margin");
     std::thread::sleep(Duration::from_millis(2_300));
     let second = lease(&mut db, "b", "1 second").unwrap();
     assert_eq!(second.machine_id, 1);
@@ -154,9 +154,9 @@ fn an_id_frees_only_after_its_lease_ended_plus_the_margin() {
     let err = renew(&mut db, &second).unwrap_err();
     assert_eq!(sqlstate(&err), "55000");
     assert!(message(&err).contains("expired"), "{}", message(&err));
-    assert_eq!(refused(lease(&mut db, "c", "60 seconds")), "53400", "expired but within the margin");
+    assert_eq!(refused(lease(&mut db, "c", "30 seconds")), "53400", "expired but within the margin");
     std::thread::sleep(Duration::from_millis((second.expires_ms + 2_000 - now_ms()).max(0) as u64 + 200));
-    let third = lease(&mut db, "c", "60 seconds").unwrap();
+    let third = lease(&mut db, "c", "30 seconds").unwrap();
     assert!(third.not_before_ms >= second.expires_ms + 2_000, "{third:?} vs expiry {}", second.expires_ms);
     assert_eq!(renew(&mut db, &second).map_err(|e| sqlstate(&e)), Err("55000".into()));
     renew(&mut db, &third).unwrap();
@@ -177,7 +177,7 @@ fn tokens_increase_across_a_restart_and_a_restore_and_a_started_registry_holds_o
     let mut db = c.connect_when_ready();
     let err = lease(&mut db, "after-restart", "3 seconds").unwrap_err();
     assert_eq!(sqlstate(&err), "55000", "a restart may be a copy: {}", message(&err));
-    assert!(message(&err).contains("grants again in"), "{}", message(&err));
+    assert!(message(&err).contains("grants again from"), "{}", message(&err));
     renew(&mut db, &before).expect("a lease the registry knows is renewed during the hold-off");
     std::thread::sleep(Duration::from_millis((restarted_at + 4_000 - now_ms()).max(0) as u64 + 300));
     let after_restart = lease(&mut db, "after-restart", "3 seconds").unwrap();
@@ -199,7 +199,7 @@ fn tokens_increase_across_a_restart_and_a_restore_and_a_started_registry_holds_o
     let mut restored = c.connect_as("postgres", "restored");
     let err = lease(&mut restored, "x", "3 seconds").unwrap_err();
     assert_eq!(sqlstate(&err), "55000");
-    assert!(message(&err).contains("grants again in"), "{}", message(&err));
+    assert!(message(&err).contains("grants again from"), "{}", message(&err));
     renew(&mut restored, &after_restart).expect("the restored registry renews a lease it knows, for the holder with its secret");
     // The longest ttl (3 s) plus the margin (1 s) after the restore.
     std::thread::sleep(Duration::from_millis((restored_at + 4_000 - now_ms()).max(0) as u64 + 300));

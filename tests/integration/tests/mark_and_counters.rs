@@ -230,7 +230,7 @@ fn a_lease_granted_to_a_session_with_synchronous_commit_off_waits_for_the_standb
         move || {
             let mut s = postgres::Client::connect(&dsn, postgres::NoTls).unwrap();
             s.batch_execute("SET synchronous_commit = off").unwrap();
-            s.query_one("SELECT machine_id FROM pgticket.lease_machine_id('durable', '60 seconds')", &[]).map(|r| r.get::<_, i32>(0))
+            s.query_one("SELECT machine_id FROM pgticket.lease_machine_id('durable', '30 seconds')", &[]).map(|r| r.get::<_, i32>(0))
         }
     });
     let pid = waiting_for_standby(&mut admin, "lease_user");

@@ -30,11 +30,14 @@ struct Issued {
 
 const SHARDS: &str = "pg_ticket.shards = '0-3'";
 const MACHINE: &str = "pg_ticket.machine_id = 5";
+/// The lease granted before the upgrade must outlive it (pg_upgrade takes
+/// tens of seconds here): longer than the 45 s default allows.
+const LONG_LEASES: &str = "pg_ticket.lease_max_ttl = '10min'";
 
 /// A cluster of the old release, run with its clock 10 minutes ahead while
 /// it issues from every allocator, then stopped.
 fn old_server(name: &str, port: u16) -> (Cluster, Issued) {
-    let c = Cluster::start(name, port, &[SHARDS, MACHINE]);
+    let c = Cluster::start(name, port, &[SHARDS, MACHINE, LONG_LEASES]);
     c.stop();
     let clock = c.dir.join("clock");
     std::fs::write(&clock, "+600s").unwrap();
@@ -98,7 +101,7 @@ fn upgrade_preloading(old: &Cluster, name: &str, port: u16, link: bool, preload:
     if !preload {
         append("shared_preload_libraries = 'pg_ticket'\n");
     }
-    append(&format!("{SHARDS}\n{MACHINE}\n"));
+    append(&format!("{SHARDS}\n{MACHINE}\n{LONG_LEASES}\n"));
     let new = Cluster::attach(&dir, port);
     new.up(None);
     new

@@ -64,7 +64,7 @@ fn exact_and_prefix_grants_decide_for_counters_tickets_blocks_and_triggers() {
              CREATE TABLE inv (id bigint, q text, d text);
              SELECT number_rows('inv', 'id', 'q', domain_column => 'd');
              CREATE TABLE res (id bigint, q text, d text);
-             SELECT number_rows('res', 'id', 'q', domain_column => 'd', allocator => 'ticket');
+             SELECT number_rows('res', 'id', 'q', domain_column => 'd', kind => 'ticket');
              GRANT SELECT, INSERT ON inv, res TO rg_alice, rg_bob;",
         )
         .unwrap();

@@ -48,9 +48,9 @@ fn connection_options_never_switch_off_what_the_configuration_set() {
         ("pg_ticket.max_scopes_per_role=0", "SELECT next_scoped_id('inv', 'shop-2')"),
         ("pg_ticket.max_block_size=1000000", "SELECT first_id FROM reserve_block('big', 1000)"),
         ("pg_ticket.max_transaction_entries=100000000", "SELECT next_scoped_id('inv', 'shop-3')"),
-        ("pg_ticket.lease_ids=0-1023", "SELECT machine_id FROM pgticket.lease_machine_id('h', '60s')"),
+        ("pg_ticket.lease_ids=0-1023", "SELECT machine_id FROM pgticket.lease_machine_id('h', '30s')"),
         ("pg_ticket.lease_max_ttl=600s", "SELECT machine_id FROM pgticket.lease_machine_id('h', '300s')"),
-        ("pg_ticket.lease_margin=1s", "SELECT machine_id FROM pgticket.lease_machine_id('h', '60s')"),
+        ("pg_ticket.lease_margin=1s", "SELECT machine_id FROM pgticket.lease_machine_id('h', '30s')"),
     ];
     for (option, call) in attempts {
         let mut plain = connect_with_option(&c, "plain", option);
@@ -74,7 +74,7 @@ fn connection_options_never_switch_off_what_the_configuration_set() {
     assert_eq!(sqlstate(&err), "42501", "{err}");
     let err = plain.query_one("SELECT machine_id FROM pgticket.lease_machine_id('h', '300s')", &[]).expect_err("over lease_max_ttl");
     assert_eq!(sqlstate(&err), "22023", "{err}");
-    let id: i32 = plain.query_one("SELECT machine_id FROM pgticket.lease_machine_id('h', '60s')", &[]).unwrap().get(0);
+    let id: i32 = plain.query_one("SELECT machine_id FROM pgticket.lease_machine_id('h', '30s')", &[]).unwrap().get(0);
     assert!((5..=6).contains(&id), "leased {id}, outside lease_ids");
 
     // A superuser's own option is a superuser's setting: applied.
@@ -110,7 +110,7 @@ fn a_first_use_left_prepared_or_open_stalls_no_one() {
                 other.query_one("SELECT pgticket.accept_shard(1, 0)", &[]).unwrap();
                 other.query_one("SELECT sharded_id(1)", &[]).unwrap();
             }
-            other.query_one("SELECT machine_id FROM pgticket.lease_machine_id($1, '60s')", &[&format!("{db}-{user}")]).unwrap();
+            other.query_one("SELECT machine_id FROM pgticket.lease_machine_id($1, '30s')", &[&format!("{db}-{user}")]).unwrap();
             assert!(started.elapsed() < std::time::Duration::from_millis(900), "{db} {user} waited {:?}", started.elapsed());
         }
         if leave.is_empty() {
@@ -135,20 +135,20 @@ fn a_grant_left_open_stops_no_other_grant() {
     admin.batch_execute("CREATE ROLE holder LOGIN; GRANT EXECUTE ON FUNCTION pgticket.lease_machine_id(text, interval) TO holder").unwrap();
     let mut open = c.connect_as("holder", "postgres");
     open.batch_execute("BEGIN").unwrap();
-    let held: i32 = open.query_one("SELECT machine_id FROM pgticket.lease_machine_id('open', '60s')", &[]).unwrap().get(0);
+    let held: i32 = open.query_one("SELECT machine_id FROM pgticket.lease_machine_id('open', '30s')", &[]).unwrap().get(0);
     let mut others = c.connect_as("holder", "postgres");
     let started = std::time::Instant::now();
     let mut got = std::collections::HashSet::new();
     for i in 0..9 {
         let id: i32 = others
-            .query_one("SELECT machine_id FROM pgticket.lease_machine_id($1, '60s')", &[&format!("h{i}")])
+            .query_one("SELECT machine_id FROM pgticket.lease_machine_id($1, '30s')", &[&format!("h{i}")])
             .unwrap_or_else(|e| panic!("grant {i} beside the open one: {e}"))
             .get(0);
         assert_ne!(id, held, "the open grant's id");
         assert!(got.insert(id), "{id} twice");
     }
     assert!(started.elapsed() < std::time::Duration::from_secs(2), "nine grants took {:?}", started.elapsed());
-    let err = others.query_one("SELECT machine_id FROM pgticket.lease_machine_id('tenth', '60s')", &[]).expect_err("all ten taken");
+    let err = others.query_one("SELECT machine_id FROM pgticket.lease_machine_id('tenth', '30s')", &[]).expect_err("all ten taken");
     assert_eq!(sqlstate(&err), "53400", "{err}");
     open.batch_execute("COMMIT").unwrap();
     c.stop();
@@ -166,17 +166,17 @@ fn a_holder_cannot_poison_its_id_for_the_next_holder() {
     let c = Cluster::start("role-poison", 55623, &["pg_ticket.lease_ids = '7'", "pg_ticket.lease_margin = '2s'", "pg_ticket.machine_id = 900"]);
     let mut db = c.connect();
     let grant = |db: &mut Client, holder: &str| -> (i32, i64, String, i64) {
-        let r = db.query_one("SELECT machine_id, lease, secret, not_before_ms FROM pgticket.lease_machine_id($1, '60s')", &[&holder]).unwrap();
+        let r = db.query_one("SELECT machine_id, lease, secret, not_before_ms FROM pgticket.lease_machine_id($1, '30s')", &[&holder]).unwrap();
         (r.get(0), r.get(1), r.get(2), r.get(3))
     };
     let now_ms = |db: &mut Client| -> i64 { db.query_one("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint", &[]).unwrap().get(0) };
     let (id, lease, secret, _) = grant(&mut db, "poisoner");
     let ahead = now_ms(&mut db) + 60_000 + 2_000;
-    let err = db.query_one("SELECT pgticket.renew_machine_id($1, $2, $3, '60s', $4)", &[&id, &lease, &secret, &ahead]).expect_err("a stamp a ttl ahead");
+    let err = db.query_one("SELECT pgticket.renew_machine_id($1, $2, $3, '30s', $4)", &[&id, &lease, &secret, &ahead]).expect_err("a stamp a ttl ahead");
     assert_eq!(sqlstate(&err), "22023", "{err}");
     // Honest reports (up to now plus the margin) are taken.
     let honest = now_ms(&mut db) + 1_000;
-    db.query_one("SELECT pgticket.renew_machine_id($1, $2, $3, '60s', $4)", &[&id, &lease, &secret, &honest]).unwrap();
+    db.query_one("SELECT pgticket.renew_machine_id($1, $2, $3, '30s', $4)", &[&id, &lease, &secret, &honest]).unwrap();
     // A report 0.3.0 recorded (the row as it left it), then a release.
     db.batch_execute(&format!("UPDATE pgticket.machine_id_leases SET last_issued_ms = {ahead} WHERE machine_id = {id}")).unwrap();
     db.execute("SELECT pgticket.release_machine_id($1, $2, $3)", &[&id, &lease, &secret]).unwrap();
@@ -208,11 +208,11 @@ fn bad_or_unappliable_values_never_become_the_defaults() {
     admin.batch_execute("CREATE ROLE plain LOGIN; GRANT EXECUTE ON FUNCTION pgticket.lease_machine_id(text, interval) TO plain").unwrap();
     // (a)
     let mut plain = c.connect_as("plain", "postgres");
-    let err = plain.query_one("SELECT machine_id FROM pgticket.lease_machine_id('honest', '60s')", &[]).expect_err("a bad configured list");
+    let err = plain.query_one("SELECT machine_id FROM pgticket.lease_machine_id('honest', '30s')", &[]).expect_err("a bad configured list");
     assert_eq!(sqlstate(&err), "F0000", "{err}");
     let mut plain = c.connect_as("plain", "postgres");
     let _ = plain.batch_execute("SET pg_ticket.lease_ids = '5'");
-    let err = plain.query_one("SELECT machine_id FROM pgticket.lease_machine_id('h1', '60s')", &[]).expect_err("the session's SET is not the configuration");
+    let err = plain.query_one("SELECT machine_id FROM pgticket.lease_machine_id('h1', '30s')", &[]).expect_err("the session's SET is not the configuration");
     assert_eq!(sqlstate(&err), "F0000", "{err}");
     let leases: i64 = admin.query_one("SELECT count(*) FROM pgticket.machine_id_leases", &[]).unwrap().get(0);
     assert_eq!(leases, 0);

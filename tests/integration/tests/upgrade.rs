@@ -155,7 +155,7 @@ fn an_upgrade_from_0_2_0_keeps_marks_tickets_and_live_leases_and_ends_as_a_fresh
     let ticket = one(&mut old, "SELECT next_ticket('up2', 'd')");
     // 0.2.0's lease functions on this library are refused until the update:
     // their leases would have no secret.
-    let err = old.query_one("SELECT machine_id FROM lease_machine_id('upgrade-holder', '10 minutes')", &[]).unwrap_err();
+    let err = old.query_one("SELECT machine_id FROM lease_machine_id('upgrade-holder', '30 seconds')", &[]).unwrap_err();
     assert_eq!(sqlstate(&err), "55000");
     assert!(err.as_db_error().unwrap().message().contains("ALTER EXTENSION pg_ticket UPDATE"), "{err}");
     // A lease 0.2.0 granted (before its library was replaced), as it left it.
@@ -176,13 +176,13 @@ fn an_upgrade_from_0_2_0_keeps_marks_tickets_and_live_leases_and_ends_as_a_fresh
     assert!(one(&mut old, "SELECT next_ticket('up2', 'd')") > ticket);
     // The live lease is kept, holds its id to its end, and is not renewed
     // (no secret proves its holder); the updated registry holds off once.
-    let err = old.query_one("SELECT pgticket.renew_machine_id($1, $2, $3, '10 minutes')", &[&id, &token, &"0".repeat(32)]).unwrap_err();
+    let err = old.query_one("SELECT pgticket.renew_machine_id($1, $2, $3, '30 seconds')", &[&id, &token, &"0".repeat(32)]).unwrap_err();
     assert_eq!(sqlstate(&err), "55000");
     assert!(err.as_db_error().unwrap().message().contains("without a secret"), "{err}");
     let state: String = old.query_one("SELECT state FROM pgticket.machine_ids WHERE machine_id = $1", &[&id]).unwrap().get(0);
     assert_eq!(state, "held");
-    let err = old.query_one("SELECT machine_id FROM pgticket.lease_machine_id('after-update', '10 minutes')", &[]).unwrap_err();
-    assert!(err.as_db_error().unwrap().message().contains("grants again in"), "{err}");
+    let err = old.query_one("SELECT machine_id FROM pgticket.lease_machine_id('after-update', '30 seconds')", &[]).unwrap_err();
+    assert!(err.as_db_error().unwrap().message().contains("grants again from"), "{err}");
 
     let mut new = c.connect_as("postgres", "fresh_030");
     new.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
@@ -205,7 +205,7 @@ fn an_upgrade_from_0_3_0_keeps_marks_tickets_and_live_leases_and_ends_as_a_fresh
     // names, before the update).
     old.batch_execute("SELECT end_lease_hold_off()").unwrap();
     let (id, token, secret): (i32, i64, String) = old
-        .query_one("SELECT machine_id, lease, secret FROM lease_machine_id('upgrade-holder', '10 minutes')", &[])
+        .query_one("SELECT machine_id, lease, secret FROM lease_machine_id('upgrade-holder', '30 seconds')", &[])
         .map(|r| (r.get(0), r.get(1), r.get(2)))
         .unwrap();
 
@@ -216,7 +216,7 @@ fn an_upgrade_from_0_3_0_keeps_marks_tickets_and_live_leases_and_ends_as_a_fresh
     assert!(one(&mut old, "SELECT next_ticket('up3', 'd')") > ticket);
     assert!(one(&mut old, "SELECT snowflake_id()") > flake);
     // The live lease is kept and its holder renews it with its secret.
-    old.query_one("SELECT pgticket.renew_machine_id($1, $2, $3, '10 minutes')", &[&id, &token, &secret]).unwrap();
+    old.query_one("SELECT pgticket.renew_machine_id($1, $2, $3, '30 seconds')", &[&id, &token, &secret]).unwrap();
     let state: String = old.query_one("SELECT state FROM pgticket.machine_ids WHERE machine_id = $1", &[&id]).unwrap().get(0);
     assert_eq!(state, "held");
 

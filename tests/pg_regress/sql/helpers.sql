@@ -10,8 +10,10 @@ CREATE TABLE invoice_h (shop text, no bigint, total numeric);
 CREATE TRIGGER number_invoices BEFORE INSERT ON invoice_h
     FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'shop', 'invoice');
 INSERT INTO invoice_h (shop, total) VALUES ('shop-1', 10), ('shop-2', 20), ('shop-1', 30);
--- A given number is left alone.
-INSERT INTO invoice_h (shop, no, total) VALUES ('shop-1', 1000, 5);
+-- A given number is refused (0.4.0, SPEC §18.4: 0.3.0 left it alone, and
+-- the series handed it out again later).
+INSERT INTO invoice_h (shop, no, total) VALUES ('shop-1', 2, 5);
+\echo :LAST_ERROR_SQLSTATE
 INSERT INTO invoice_h (shop, total) SELECT 'shop-2', g FROM generate_series(1, 3) g;
 COPY invoice_h (shop, total) FROM stdin;
 shop-3	1
@@ -76,7 +78,7 @@ SELECT number_rows('invoice_n', 'no', 'shop', 'd', 'fiscal_year');         -- bo
 \echo :LAST_ERROR_SQLSTATE
 SELECT number_rows('invoice_n', 'no', 'shop', domain => '');               -- an empty domain
 \echo :LAST_ERROR_SQLSTATE
-SELECT number_rows('invoice_n', 'no', 'shop', domain => 'd', allocator => 'sequence');
+SELECT number_rows('invoice_n', 'no', 'shop', domain => 'd', kind => 'sequence');
 \echo :LAST_ERROR_SQLSTATE
 SELECT number_rows(NULL, 'no', 'shop', domain => 'd');
 \echo :LAST_ERROR_SQLSTATE
@@ -99,9 +101,62 @@ SELECT count(*) AS one_trigger FROM pg_trigger WHERE tgrelid = 'invoice_n'::regc
 -- A domain column and tickets; an id column of a domain over bigint.
 CREATE DOMAIN ticket_no AS bigint CHECK (VALUE > 0);
 CREATE TABLE invoice_t (shop text, fiscal_year int, no ticket_no);
-SELECT number_rows('invoice_t', 'no', 'shop', domain_column => 'fiscal_year', allocator => 'ticket');
+SELECT number_rows('invoice_t', 'no', 'shop', domain_column => 'fiscal_year', kind => 'ticket');
 INSERT INTO invoice_t (shop, fiscal_year) VALUES ('shop-1', 2026), ('shop-1', 2026);
 SELECT count(DISTINCT no) AS two_tickets FROM invoice_t;
+-- SPEC §18.4: a value given for a numbered column never leads to a
+-- duplicate: refused (the default), or it moves the series above it.
+CREATE TABLE refused (shop text, no bigint);
+SELECT number_rows('refused', 'no', 'shop', domain => 'invoice');
+INSERT INTO refused VALUES ('s', 1);
+\echo :LAST_ERROR_SQLSTATE
+CREATE TABLE imp (shop text, no bigint);
+SELECT number_rows('imp', 'no', 'shop', domain => 'invoice', on_explicit => 'advance');
+INSERT INTO imp VALUES ('s', 1), ('s', 2);
+INSERT INTO imp (shop) VALUES ('s') RETURNING no;                  -- 3, not 1
+INSERT INTO imp VALUES ('s', 10);                                   -- a gap the caller chose
+INSERT INTO imp (shop) VALUES ('s') RETURNING no;                  -- 11
+INSERT INTO imp VALUES ('s', 5);                                    -- at or below the mark: refused
+\echo :LAST_ERROR_SQLSTATE
+UPDATE imp SET no = 12 WHERE no = 11;                              -- an UPDATE of the number gives one too
+UPDATE imp SET no = 4 WHERE no = 12;                               -- refused: below the mark
+\echo :LAST_ERROR_SQLSTATE
+UPDATE imp SET shop = 't' WHERE no = 12;                           -- 12 becomes a number of scope t
+INSERT INTO imp (shop) VALUES ('t') RETURNING no;                  -- 13, not 1..12
+UPDATE imp SET shop = 's' WHERE no = 1;                            -- the scope it had: kept
+SELECT shop, no FROM imp ORDER BY shop, no;
+INSERT INTO refused (shop) VALUES ('s');
+UPDATE refused SET no = 9;                                         -- refused
+\echo :LAST_ERROR_SQLSTATE
+UPDATE refused SET shop = 's';                                     -- the same scope: nothing to number
+
+SELECT number_rows('refused', 'no', 'shop', domain => 'x', on_explicit => 'sometimes');
+\echo :LAST_ERROR_SQLSTATE
+-- One series per value the scope column's type compares equal: 17, 17.0
+-- and 17.00; 0 and -0; char(8) whatever its padding.
+CREATE TABLE per_shop (shop numeric, rate float8, code char(8), no bigint);
+SELECT number_rows('per_shop', 'no', 'shop', domain => 'n');
+INSERT INTO per_shop (shop) VALUES (17), (17.0), (17.00) RETURNING shop, no;
+CREATE TABLE per_rate (rate float8, no bigint);
+SELECT number_rows('per_rate', 'no', 'rate', domain => 'r');
+INSERT INTO per_rate (rate) VALUES (0), ('-0') RETURNING rate, no;
+CREATE TABLE per_code (code char(8), no bigint);
+SELECT number_rows('per_code', 'no', 'code', domain => 'c');
+INSERT INTO per_code (code) VALUES ('ab'), ('ab      ') RETURNING code, no;
+-- Columns a trigger cannot number are refused when it is made: a domain
+-- with a DEFAULT (every row would get it) or NOT NULL (every insert fails).
+CREATE DOMAIN defaulted_no AS bigint DEFAULT 1;
+CREATE DOMAIN required_no AS bigint NOT NULL;
+CREATE TABLE bad_no (shop text, a defaulted_no, b required_no);
+SELECT number_rows('bad_no', 'a', 'shop', domain => 'd');
+\echo :LAST_ERROR_SQLSTATE
+SELECT number_rows('bad_no', 'b', 'shop', domain => 'd');
+\echo :LAST_ERROR_SQLSTATE
+-- The trigger's name sorts after the table's own BEFORE triggers (a
+-- row-skipping one runs first and takes no number), or is the caller's.
+CREATE TABLE named (shop text, no bigint);
+SELECT number_rows('named', 'no', 'shop', domain => 'd', trigger_name => 'number_named');
+SELECT tgname FROM pg_trigger WHERE tgrelid = 'per_shop'::regclass;
 -- An ordinary role cannot put a trigger on a table it does not own.
 CREATE ROLE number_rows_plain;
 SET ROLE number_rows_plain;

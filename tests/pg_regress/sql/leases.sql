@@ -40,7 +40,7 @@ ROLLBACK;
 SELECT count(*) AS leases FROM pgticket.machine_ids;
 
 CREATE TEMP TABLE granted AS SELECT * FROM pgticket.lease_machine_id('worker-a');
-INSERT INTO granted SELECT * FROM pgticket.lease_machine_id('worker-b', '5 minutes');
+INSERT INTO granted SELECT * FROM pgticket.lease_machine_id('worker-b', '40 seconds');
 INSERT INTO granted SELECT * FROM pgticket.lease_machine_id('worker-c', '1 second');
 -- Never the own id 0; never leased ids first; fencing tokens increase;
 -- the epoch is this server's; expiry is the ttl from now; not_before_ms is
@@ -71,7 +71,7 @@ SELECT count(DISTINCT secret) AS secrets, bool_and(secret ~ '^[0-9a-f]{32}$') AS
 SELECT count(*) AS stored_anywhere FROM pgticket.machine_id_leases l, granted g
  WHERE l.secret_hash = decode(g.secret, 'hex') OR l.holder = g.secret;
 -- Renew: only the current live lease, by its token and secret.
-SELECT pgticket.renew_machine_id(g.machine_id, g.lease, g.secret, '2 minutes', 1234) > now() + interval '1 minute' AS renewed
+SELECT pgticket.renew_machine_id(g.machine_id, g.lease, g.secret, '40 seconds', 1234) > now() + interval '35 seconds' AS renewed
   FROM granted g WHERE machine_id = 1;
 -- A wrong token and a wrong secret get the same answer, naming no token.
 SELECT pg_temp.attempt('SELECT pgticket.renew_machine_id(g.machine_id, g.lease + 100, g.secret) FROM granted g WHERE machine_id = 1');
@@ -84,7 +84,7 @@ SELECT pgticket.renew_machine_id(g.machine_id, g.lease, g.secret, '1 second') = 
   FROM granted g JOIN pgticket.machine_ids l USING (machine_id) WHERE machine_id = 1;
 -- A stamp reported past the lease's end plus the margin is refused.
 \set VERBOSITY sqlstate
-SELECT pgticket.renew_machine_id(g.machine_id, g.lease, g.secret, '2 minutes', 9223372036854775807) FROM granted g WHERE machine_id = 1;
+SELECT pgticket.renew_machine_id(g.machine_id, g.lease, g.secret, '40 seconds', 9223372036854775807) FROM granted g WHERE machine_id = 1;
 \echo :LAST_ERROR_SQLSTATE
 SELECT pgticket.release_machine_id(g.machine_id, g.lease, g.secret, 9223372036854775807) FROM granted g WHERE machine_id = 1;
 \echo :LAST_ERROR_SQLSTATE

@@ -5,7 +5,8 @@ SELECT next_scoped_id('no-preload', 'x'), next_scoped_id('no-preload', 'x');
 SELECT * FROM reserve_block('no-preload', 2);
 SELECT snowflake_id();
 \echo :LAST_ERROR_SQLSTATE
--- Decoding needs this server's epoch, which exists only when preloaded.
+-- Decoding needs an epoch: with no space recorded in the database, the
+-- server's, which exists only when preloaded.
 SELECT * FROM snowflake_decode(1);
 \echo :LAST_ERROR_SQLSTATE
 -- The session settings exist without preloading.
@@ -25,3 +26,6 @@ SET pg_ticket.epoch = '2031-01-01';
 SELECT epoch_ms = 1767225600000 AS configured_epoch FROM pgticket.lease_machine_id('no-preload holder', '5 s');
 SELECT epoch_ms FROM pgticket.id_space;
 RESET pg_ticket.epoch;
+-- With a space recorded, IDs are read in it, preloaded or not (#32 item 7):
+-- machine 5 of 10 machine bits, 3 ms after the recorded epoch.
+SELECT created_at, machine_id, sequence FROM snowflake_decode((3::bigint << 22) | (5 << 12) | 7);
