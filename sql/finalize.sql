@@ -41,9 +41,9 @@ COMMENT ON FUNCTION @extschema@.sharded_max_id(timestamptz) IS
 COMMENT ON FUNCTION @extschema@.shard_of(text, integer) IS
     'The shard of key among shard_count: FNV-1a (64 bits) of its bytes modulo the count, stable (ticket_client::shard_of computes the same)';
 COMMENT ON FUNCTION @extschema@.assign_scoped_id() IS
-    'Trigger (BEFORE INSERT, FOR EACH ROW): numbers a column per scope taken from the row, gap-free (see number_rows)';
+    'Trigger (BEFORE INSERT OR UPDATE, FOR EACH ROW): numbers a column per scope taken from the row, gap-free (see number_rows)';
 COMMENT ON FUNCTION @extschema@.assign_ticket() IS
-    'Trigger (BEFORE INSERT, FOR EACH ROW): fills a column with the next ticket of a scope taken from the row (see number_rows)';
+    'Trigger (BEFORE INSERT OR UPDATE, FOR EACH ROW): fills a column with the next ticket of a scope taken from the row (see number_rows)';
 COMMENT ON FUNCTION pgticket.advance_scoped_id(text, text, bigint) IS
     'Admin: moves the mark of the series (queue, domain) forward to mark (never back); the next number is mark + 1';
 COMMENT ON FUNCTION pgticket.advance_block(text, bigint) IS

@@ -191,9 +191,9 @@ COMMENT ON FUNCTION @extschema@.sharded_max_id(timestamptz) IS
 COMMENT ON FUNCTION @extschema@.shard_of(text, integer) IS
     'The shard of key among shard_count: FNV-1a (64 bits) of its bytes modulo the count, stable (ticket_client::shard_of computes the same)';
 COMMENT ON FUNCTION @extschema@.assign_scoped_id() IS
-    'Trigger (BEFORE INSERT, FOR EACH ROW): numbers a column per scope taken from the row, gap-free (see number_rows)';
+    'Trigger (BEFORE INSERT OR UPDATE, FOR EACH ROW): numbers a column per scope taken from the row, gap-free (see number_rows)';
 COMMENT ON FUNCTION @extschema@.assign_ticket() IS
-    'Trigger (BEFORE INSERT, FOR EACH ROW): fills a column with the next ticket of a scope taken from the row (see number_rows)';
+    'Trigger (BEFORE INSERT OR UPDATE, FOR EACH ROW): fills a column with the next ticket of a scope taken from the row (see number_rows)';
 COMMENT ON FUNCTION pgticket.advance_scoped_id(text, text, bigint) IS
     'Admin: moves the mark of the series (queue, domain) forward to mark (never back); the next number is mark + 1';
 COMMENT ON FUNCTION pgticket.advance_block(text, bigint) IS
@@ -280,3 +280,30 @@ CREATE FUNCTION number_rows(
 VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', 'number_rows';
 COMMENT ON FUNCTION number_rows(regclass, name, name, text, name, text, text, name) IS
     'Creates a BEFORE INSERT OR UPDATE trigger numbering relation''s id_column per scope (kind scoped_id or ticket), its arguments checked now; on_explicit refuse or advance says what a value given for the column does; returns the trigger''s name';
+-- SPEC §18.4: a trigger numbering a column must also see an UPDATE that
+-- sets the number (0.4.0's triggers refuse to run otherwise). 0.3.0's
+-- number_rows() made BEFORE INSERT triggers: each row trigger of
+-- assign_scoped_id() or assign_ticket() that fires BEFORE INSERT only, with
+-- no WHEN condition, is made again, same name and arguments (so its scopes
+-- keep their text and series), BEFORE INSERT OR UPDATE. A partition's clone
+-- goes with its parent's.
+DO $upgrade$
+DECLARE
+    t record;
+BEGIN
+    FOR t IN
+        SELECT tg.tgname, tg.tgrelid::pg_catalog.regclass AS rel, pg_catalog.pg_get_triggerdef(tg.oid) AS def
+          FROM pg_catalog.pg_trigger tg
+          JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) tg.tgfoid
+         WHERE p.proname OPERATOR(pg_catalog.=) ANY (ARRAY['assign_scoped_id', 'assign_ticket']::pg_catalog.name[])
+           AND p.pronamespace OPERATOR(pg_catalog.=) '@extschema@'::pg_catalog.regnamespace
+           AND NOT tg.tgisinternal
+           AND tg.tgparentid OPERATOR(pg_catalog.=) 0
+           AND tg.tgtype OPERATOR(pg_catalog.=) 7   -- ROW | BEFORE | INSERT
+           AND tg.tgqual IS NULL
+    LOOP
+        EXECUTE pg_catalog.format('DROP TRIGGER %I ON %s', t.tgname, t.rel);
+        EXECUTE pg_catalog.replace(t.def, ' BEFORE INSERT ON ', ' BEFORE INSERT OR UPDATE ON ');
+    END LOOP;
+END
+$upgrade$;

@@ -10,6 +10,17 @@ use ticket_core::sharded::ShardError;
 use ticket_core::snowflake::SnowflakeError;
 use ticket_core::tickets::TicketsError;
 
+/// Why a server may not know how far it stamped (SPEC §17.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MarkLost {
+    /// `pg_upgrade` started the data directory without its mark.
+    Upgraded,
+    /// No mark where the database records snowflakes made for it.
+    Missing,
+    /// A start from a base backup or a point-in-time recovery.
+    Restored,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum TicketError {
     #[error("{0} must not be NULL")]
@@ -60,12 +71,12 @@ pub enum TicketError {
     Sharded(ticket_core::sharded::ShardError),
     #[error("permission denied for {scope}: no grant covers it for role {role}")]
     NoScopeRight { scope: String, role: String },
-    #[error("{}", if *.upgraded {
-        "this data directory was made by pg_upgrade, and the snowflake mark (pg_ticket_snowflake.mark) was not carried over: this server cannot know how far its old self stamped, so it makes no snowflake or sharded ID, in any database, until the mark is carried over or vouched for"
-    } else {
-        "this server has no snowflake mark (pg_ticket_snowflake.mark), but this database records that snowflakes were made for it (pgticket.id_space): the mark was not carried over (a restored data directory, a file removed), and IDs below the lost one could be made again"
+    #[error("{}", match .cause {
+        MarkLost::Upgraded => "this data directory was made by pg_upgrade, and the snowflake mark (pg_ticket_snowflake.mark) was not carried over: this server cannot know how far its old self stamped, so it makes no snowflake or sharded ID, in any database, until the mark is carried over or vouched for",
+        MarkLost::Missing => "this server has no snowflake mark (pg_ticket_snowflake.mark), but this database records that snowflakes were made for it (pgticket.id_space): the mark was not carried over (a restored data directory, a file removed), and IDs below the lost one could be made again",
+        MarkLost::Restored => "this server started from a base backup or a point-in-time recovery: its snowflake mark may be older than what the server it stands in for stamped since (a clock that ran ahead), so it makes no snowflake or sharded ID, in any database, until that is vouched for",
     })]
-    MarkNotCarried { upgraded: bool },
+    MarkNotCarried { cause: MarkLost },
     #[error("waited {waited_ms} ms for another backend's write of the snowflake mark, which has been waiting {standby_wait_ms} ms for the synchronous standbys (synchronous_standby_names) to confirm its WAL record")]
     MarkWaitsForStandby { waited_ms: u64, standby_wait_ms: i64 },
     /// A state table that cannot be used as it is (unlogged, moved).
@@ -158,6 +169,9 @@ impl TicketError {
             TicketError::MarkWaitsForStandby { .. } => Some(
                 "A synchronous standby is gone or slow: bring it back, or remove it from synchronous_standby_names and reload. No ID is stamped under a mark the standbys have not confirmed.",
             ),
+            TicketError::MarkNotCarried { cause: MarkLost::Restored } => Some(
+                "SELECT pgticket.raise_snowflake_mark(<a time past every snowflake and sharded ID the server this copy stands in for made, in any database: the latest decoded max(id) of your tables, plus any error of its clock>); now() if that server's clock never ran ahead. Then pgticket.accept_shard() each shard it owns (docs/operations.md, backup and restore). Other allocators work meanwhile.",
+            ),
             TicketError::MarkNotCarried { .. } => Some(
                 "Stop the server, copy pg_ticket_snowflake.mark and pg_ticket_shards.book from the old data directory into this one, and start it (docs/operations.md, pg_upgrade). If the file is lost: SELECT pgticket.raise_snowflake_mark(<a time past every snowflake and sharded ID the old server made, in any database>); if it never made any, raise_snowflake_mark(now()). Other allocators work meanwhile.",
             ),
@@ -193,6 +207,15 @@ impl TicketError {
                 | LeaseError::OwnId { .. },
             ) => Some(
                 "Stop issuing with this lease and take a new one: SELECT * FROM pgticket.lease_machine_id(holder, ttl) (ticket-client does both by itself).",
+            ),
+            TicketError::Lease(LeaseError::BadSecret | LeaseError::NeverLeased { .. }) => Some(
+                "Renew and release with the machine_id, lease and secret pgticket.lease_machine_id returned for this lease; a holder that lost them takes a new lease (the old one runs out).",
+            ),
+            TicketError::Lease(LeaseError::BadTtl { .. }) => {
+                Some("Give the ttl as an interval from '1 second' to '1 day', at most pg_ticket.lease_max_ttl (SHOW pg_ticket.lease_max_ttl).")
+            }
+            TicketError::Lease(LeaseError::LastIssuedTooLate { .. }) => Some(
+                "Report the timestamp (Unix ms) of the last ID stamped under this lease: a holder stamps only until the lease's end plus half of pg_ticket.lease_margin. A larger one is a clock that ran ahead: fix the clock.",
             ),
             TicketError::Lease(LeaseError::OwnIdLeasedOut { .. }) => Some(
                 "Wait until the time named, or set pg_ticket.machine_id to an id outside pg_ticket.lease_ids and restart the server; pgticket.machine_ids shows the lease.",

@@ -135,6 +135,17 @@ const PLAIN_OUTPUT: [pg_sys::Oid; 11] = [
     pg_sys::OIDOID,
 ];
 
+/// Can a scope column of this (base) type be read as one text per value the
+/// type compares equal (SPEC §18.4)? The types whose output is canonical
+/// (under `CANONICAL_SETTINGS`), those `column_text` normalises, and enums.
+/// Not citext (equal in any case), interval ('1 day' = '24 hours'), jsonb,
+/// arrays or ranges of those: refused.
+fn scope_type_supported(base: pg_sys::Oid) -> bool {
+    PLAIN_OUTPUT.contains(&base)
+        || [pg_sys::FLOAT4OID, pg_sys::FLOAT8OID, pg_sys::DATEOID, pg_sys::TIMESTAMPOID, pg_sys::TIMESTAMPTZOID, pg_sys::TIMEOID].contains(&base)
+        || unsafe { pg_sys::get_typtype(base) } == pg_sys::TYPTYPE_ENUM as c_char
+}
+
 /// The settings a type's output may depend on, and the values that make
 /// it canonical.
 const CANONICAL_SETTINGS: [(&CStr, &CStr); 8] = [
@@ -161,6 +172,12 @@ fn column_text<'a>(values: &[pg_sys::Datum], nulls: &[bool], tupdesc: pg_sys::Tu
     }
     let typid = unsafe { pg_sys::SPI_gettypeid(tupdesc, n) };
     let base = unsafe { pg_sys::getBaseType(typid) };
+    if equality && !scope_type_supported(base) {
+        TicketError::TriggerMisuse(format!(
+            "{what} is of a type whose values that compare equal may print differently (citext, interval, jsonb, an array, a range...): it would number one scope as two series; use a column of text, an integer, numeric, a float, boolean, uuid, a date or time, or an enum"
+        ))
+        .raise();
+    }
     if equality {
         match base {
             pg_sys::NUMERICOID => {
@@ -409,9 +426,20 @@ fn assign<'a>(
         let row_before = event & pg_sys::TRIGGER_EVENT_ROW != 0 && event & pg_sys::TRIGGER_EVENT_TIMINGMASK == pg_sys::TRIGGER_EVENT_BEFORE;
         let op = event & pg_sys::TRIGGER_EVENT_OPMASK;
         if !row_before || !(op == pg_sys::TRIGGER_EVENT_INSERT || op == pg_sys::TRIGGER_EVENT_UPDATE) {
-            TicketError::TriggerMisuse(format!("{function}() must run BEFORE INSERT (or UPDATE) ... FOR EACH ROW")).raise();
+            TicketError::TriggerMisuse(format!("{function}() must run BEFORE INSERT OR UPDATE ... FOR EACH ROW")).raise();
         }
         let args = arguments(trigger.trigger(), function);
+        // A trigger of 0.4.0's form that does not fire on UPDATE lets an
+        // UPDATE set a number the series hands out later (SPEC §18.4):
+        // refused at its first row. 0.3.0's form is not: a database not yet
+        // updated runs its `BEFORE INSERT` triggers on this library, and the
+        // update makes them `OR UPDATE`.
+        if args.equality && (trigger.trigger().tgtype as u32) & pg_sys::TRIGGER_TYPE_UPDATE == 0 {
+            TicketError::TriggerMisuse(format!(
+                "{function}() must run BEFORE INSERT OR UPDATE ... FOR EACH ROW: an UPDATE that sets the number would go unchecked (number_rows() makes the trigger so)"
+            ))
+            .raise();
+        }
         // In the database's encoding, which need not be UTF-8: for messages.
         let table = for_message(unsafe { CStr::from_ptr((*(*data.tg_relation).rd_rel).relname.data.as_ptr()) }.to_bytes());
         let tuple = if op == pg_sys::TRIGGER_EVENT_INSERT { data.tg_trigtuple } else { data.tg_newtuple };
@@ -660,6 +688,24 @@ pub unsafe extern "C-unwind" fn number_rows(fcinfo: pg_sys::FunctionCallInfo) ->
                     ))
                     .raise();
                 }
+                if *column != &id_column && !scope_type_supported(facts.base_type) {
+                    TicketError::InvalidArgument(format!(
+                        "column {column:?} of table {table} is of type {}, whose values that compare equal may print differently (and number two series): name the scope by a column of text, an integer, numeric, a float, boolean, uuid, a date or time, or an enum (a generated column casting this one, e.g. lower(...) for citext)",
+                        facts.type_name
+                    ))
+                    .raise();
+                }
+            }
+            let children: i64 = client
+                .select("SELECT pg_catalog.count(*) FROM pg_catalog.pg_inherits i JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) i.inhparent WHERE i.inhparent OPERATOR(pg_catalog.=) $1 AND c.relkind OPERATOR(pg_catalog.=) 'r'", None, &[relation.into()])
+                .ok()
+                .and_then(|rows| rows.first().get_one::<i64>().ok().flatten())
+                .unwrap_or(0);
+            if children > 0 {
+                TicketError::InvalidArgument(format!(
+                    "table {table} has inheritance children, which its triggers do not reach (rows inserted there would be neither numbered nor checked): make a partitioned table, or number each table with number_rows()"
+                ))
+                .raise();
             }
             if Some(&id_column) == Some(&queue_column) || Some(&id_column) == domain_column.as_ref() {
                 TicketError::InvalidArgument(format!(
@@ -705,13 +751,12 @@ pub unsafe extern "C-unwind" fn number_rows(fcinfo: pg_sys::FunctionCallInfo) ->
                 (None, None) => unreachable!("checked above"),
             }
             args.push(quote_literal(mode.argument()));
-            // An UPDATE of the number, or of the scope it is a number of,
-            // gives a number too (the trigger refuses or claims it).
-            let updated: Vec<String> = columns.iter().map(|c| quote_ident(c)).collect();
+            // Every UPDATE, not only one naming the number or the scope: a
+            // trigger of the user's that runs before this one may set them
+            // in an UPDATE of another column (#32 review).
             let create = format!(
-                "CREATE TRIGGER {} BEFORE INSERT OR UPDATE OF {} ON {} FOR EACH ROW EXECUTE FUNCTION {}.{}({})",
+                "CREATE TRIGGER {} BEFORE INSERT OR UPDATE ON {} FOR EACH ROW EXECUTE FUNCTION {}.{}({})",
                 quote_ident(&name),
-                updated.join(", "),
                 table,
                 quote_ident(&own_schema),
                 function,

@@ -15,24 +15,80 @@
 //! - Any other server with no mark refuses in a database whose ID space was
 //!   recorded before this transaction (IDs were made for it), and serves
 //!   the first use of a database (a new server's first snowflakes).
+//! - A start from a base backup or a point-in-time recovery (`backup_label`
+//!   or `recovery.signal`, no `standby.signal`: `wal::mark_a_restored_start`)
+//!   has a mark, but maybe an old one: the server it stands in for may
+//!   have stamped past it since (a clock that ran ahead), so it holds every
+//!   snowflake and sharded ID (`RESTORE_MARKER`) until vouched for, as it
+//!   holds its accepted shards.
 //!
 //! `pgticket.raise_snowflake_mark(after)` is the administrator's word: the
 //! mark is written past `after` (server-wide), the marker removed.
 //!
-//! One atomic load once the server has a mark; until then a file test per
-//! call. Touches: the mark (through `wal::WalMarkStore`, under the
-//! generator's writer flag), the marker file, `pgticket.id_space` (read).
+//! Two atomic loads once the server has a mark and is not held; until then
+//! a file test per call (the hold: one per server start). Touches: the mark
+//! (through `wal::WalMarkStore`, under the generator's writer flag), the
+//! marker files, `pgticket.id_space` (read), `RESTORE_HOLD` (shared memory:
+//! an atomic, no lock).
 
 use pgrx::prelude::*;
 use std::path::Path;
 use ticket_core::snowflake as layout;
 
 use super::{space, wal, SystemClock, GENERATOR, MARK_FILE};
-use crate::errors::{OrRaise, TicketError};
+use crate::errors::{MarkLost, OrRaise, TicketError};
 use crate::settings;
 
 /// Left in a data directory that `pg_upgrade` started without a mark.
 const UPGRADE_MARKER: &str = "pg_ticket_snowflake.upgraded";
+
+/// Left in a data directory started from a base backup or a point-in-time
+/// recovery: its mark may be older than what its old self stamped.
+const RESTORE_MARKER: &str = "pg_ticket_snowflake.held";
+
+/// Whether `RESTORE_MARKER` stands, as this server's processes last saw
+/// it: `UNKNOWN` after a (re)start of shared memory (the file is tested
+/// once), then `HELD` or `CLEAR`; a vouch sets `CLEAR`.
+#[derive(Default)]
+pub struct RestoreHold(std::sync::atomic::AtomicU8);
+const UNKNOWN: u8 = 0;
+const HELD: u8 = 1;
+const CLEAR: u8 = 2;
+
+// An atomic only.
+unsafe impl pgrx::PGRXSharedMemory for RestoreHold {}
+
+static RESTORE_HOLD: pgrx::PgAtomic<RestoreHold> = unsafe { pgrx::PgAtomic::new(c"pg_ticket_snowflake_restore_hold") };
+
+pub fn init_shared_memory() {
+    pgrx::pg_shmem_init!(RESTORE_HOLD);
+}
+
+/// At preload, in the postmaster, for a start that may be an old copy in a
+/// server's place (`wal::mark_a_restored_start`): snowflakes and sharded
+/// IDs are held until vouched for.
+pub fn hold_after_a_restored_start() -> Result<(), String> {
+    if Path::new(RESTORE_MARKER).exists() {
+        return Ok(());
+    }
+    let text = "started from a base backup or a point-in-time recovery: no snowflakes or sharded IDs until vouched for (pgticket.raise_snowflake_mark)\n";
+    layout::write_atomically(Path::new(RESTORE_MARKER), text)
+}
+
+fn held_after_a_restore() -> bool {
+    use std::sync::atomic::Ordering;
+    let state = &RESTORE_HOLD.get().0;
+    match state.load(Ordering::Acquire) {
+        CLEAR => false,
+        HELD => true,
+        _ => {
+            let held = Path::new(RESTORE_MARKER).exists();
+            // A vouch meanwhile set CLEAR after removing the file: kept.
+            let _ = state.compare_exchange(UNKNOWN, if held { HELD } else { CLEAR }, Ordering::AcqRel, Ordering::Acquire);
+            state.load(Ordering::Acquire) == HELD
+        }
+    }
+}
 
 /// The furthest ahead of this server's clock an administrator may vouch:
 /// a time past it is a mistake (`infinity`, a year typed wrong) that would
@@ -50,8 +106,11 @@ pub fn mark_an_upgrade_start() {
     }
 }
 
-/// Refuses to stamp where this server lost its mark.
+/// Refuses to stamp where this server lost its mark, or may have.
 pub fn check() -> Result<(), TicketError> {
+    if held_after_a_restore() {
+        return Err(TicketError::MarkNotCarried { cause: MarkLost::Restored });
+    }
     let generator = &GENERATOR.get().0;
     if layout::has_mark(generator) {
         return Ok(());
@@ -61,10 +120,10 @@ pub fn check() -> Result<(), TicketError> {
         return Ok(());
     }
     if Path::new(UPGRADE_MARKER).exists() {
-        return Err(TicketError::MarkNotCarried { upgraded: true });
+        return Err(TicketError::MarkNotCarried { cause: MarkLost::Upgraded });
     }
     if !space::recorded_in_this_transaction() && space::recorded()?.is_some() {
-        return Err(TicketError::MarkNotCarried { upgraded: false });
+        return Err(TicketError::MarkNotCarried { cause: MarkLost::Missing });
     }
     Ok(())
 }
@@ -73,7 +132,7 @@ pub fn check() -> Result<(), TicketError> {
 /// by a server that has none (a registry's first grant records its space
 /// in one): not where an upgrade lost the mark.
 pub fn first_mark_allowed() -> bool {
-    !Path::new(UPGRADE_MARKER).exists() && space::recorded_in_this_transaction()
+    !Path::new(UPGRADE_MARKER).exists() && !held_after_a_restore() && space::recorded_in_this_transaction()
 }
 
 /// Admin (SPEC §17.1): the word for a lost snowflake mark. Every
@@ -109,12 +168,15 @@ fn raise_snowflake_mark(after: Option<TimestampWithTimeZone>) -> TimestampWithTi
         let epoch = settings::epoch_unix_ms();
         let after_ms = (after_unix_ms.max(now_unix_ms) - epoch).max(0) as u64;
         let mark_ms = layout::raise_mark(&GENERATOR.get().0, &SystemClock, &wal::WalMarkStore, epoch, after_ms).or_raise();
-        // The mark stands now: the marker of a lost one goes.
-        if let Err(e) = std::fs::remove_file(UPGRADE_MARKER) {
-            if e.kind() != std::io::ErrorKind::NotFound {
-                pgrx::warning!("pg_ticket: cannot remove {UPGRADE_MARKER}: {e} (the mark is written; the marker is ignored while it stands)");
+        // The mark stands now: the markers of a lost one go.
+        for marker in [UPGRADE_MARKER, RESTORE_MARKER] {
+            if let Err(e) = std::fs::remove_file(marker) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    TicketError::Snowflake(layout::SnowflakeError::MarkStore(format!("the snowflake mark is raised, but {marker} cannot be removed: {e}"))).raise();
+                }
             }
         }
+        RESTORE_HOLD.get().0.store(CLEAR, std::sync::atomic::Ordering::Release);
         let mark_unix_ms = epoch + mark_ms as i64;
         pgrx::log!("pg_ticket: raise_snowflake_mark() raised the snowflake mark to {mark_unix_ms} Unix ms");
         super::timestamptz_or_error(mark_unix_ms)

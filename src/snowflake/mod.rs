@@ -67,6 +67,7 @@ static MARK_STANDBY_WAIT: PgAtomic<StandbyWait> = unsafe { PgAtomic::new(c"pg_ti
 pub fn init_shared_memory() {
     pg_shmem_init!(GENERATOR);
     pg_shmem_init!(MARK_STANDBY_WAIT);
+    history::init_shared_memory();
     lease::init_shared_memory();
     shards::init_shared_memory();
 }

@@ -211,11 +211,9 @@ pub fn for_reading() -> Result<Option<IdSpace>, TicketError> {
         [] => settings::preloaded().then(super::id_space),
         [one] => Some(one),
         [first, second, ..] => {
-            return Err(TicketError::Snowflake(SnowflakeError::OtherIdSpace {
-                location: "this database (pgticket.id_space, carried by its dump)".into(),
-                recorded: first,
-                configured: second,
-            }))
+            return Err(TicketError::StateTableUnfit(format!(
+                "this database records two snowflake ID spaces (pgticket.id_space: {first}; {second}): its IDs cannot be read in one; keep only the row of the space its IDs were made in"
+            )))
         }
     };
     READ_IN.set(Some((generation, space)));

@@ -158,16 +158,24 @@ const HOLD_MARKER: &str = "pg_ticket_shards.hold";
 /// At preload, in the postmaster (the data directory is the working
 /// directory): a start from a base backup (`backup_label`) or a
 /// point-in-time recovery (`recovery.signal`) may be an old copy started in
-/// the server's place, whose book says it owns shards that moved since
-/// (SPEC §17.1). It holds them, as the registry holds off. A standby
-/// (`standby.signal`) follows its primary's WAL, records of the shards
-/// included, and is not held. A crash restart, and a cold copy or a file
-/// system snapshot (no backup_label), look alike and are not held: the
-/// docs say so.
+/// the server's place, whose book says it owns shards that moved since and
+/// whose mark is older than what its old self stamped (SPEC §17.1). It
+/// holds both, as the registry holds off: its accepted shards until
+/// accepted again, every snowflake and sharded ID until vouched for
+/// (`history`). A standby (`standby.signal`) follows its primary's WAL,
+/// records of the mark and the shards included, and is not held. A crash
+/// restart, and a cold copy or a file system snapshot (no backup_label),
+/// look alike and are not held: the docs say so.
 pub fn mark_a_restored_start() {
     let exists = |name: &str| Path::new(name).exists();
-    if (exists("backup_label") || exists("recovery.signal")) && !exists("standby.signal") && !exists(HOLD_MARKER) {
-        if let Err(e) = ticket_core::snowflake::write_atomically(Path::new(HOLD_MARKER), "accepted shards are held until accepted again\n") {
+    if (exists("backup_label") || exists("recovery.signal")) && !exists("standby.signal") {
+        let shards_held = || {
+            if exists(HOLD_MARKER) {
+                return Ok(());
+            }
+            ticket_core::snowflake::write_atomically(Path::new(HOLD_MARKER), "accepted shards are held until accepted again\n")
+        };
+        if let Err(e) = shards_held().and_then(|()| super::history::hold_after_a_restored_start()) {
             pgrx::error!("pg_ticket: this start is from a base backup or a point-in-time recovery, and {e}");
         }
     }

@@ -360,7 +360,7 @@ fn refuse_if_advanced_here(hash: u64, queue: Name<'_>, domain: Name<'_>) {
     let here = ADVANCED.with(|a| a.borrow().get(&hash).is_some_and(|xids| xids.iter().any(|xid| is_current(*xid))));
     if here {
         TicketError::TicketsUnavailable(format!(
-            "pgticket.advance_ticket({}, {}) in this transaction holds the scope until it commits; take tickets of it after the commit",
+            "this transaction moved the ticket scope ({}, {}) forward (pgticket.advance_ticket, or a number given to a trigger made with on_explicit => 'advance'), which holds it until the commit; take tickets of it after the commit",
             queue.quoted(),
             domain.quoted()
         ))
@@ -391,25 +391,26 @@ fn wait_for_segment(i: usize, generation: u64, db: u32, deadline: Instant, queue
         if now >= deadline {
             unsafe { pg_sys::ConditionVariableCancelSleep() };
             let why = if busy {
-                "its row in pgticket.tickets is locked by another transaction (an uncommitted pgticket.advance_ticket?)".to_string()
+                "its row in pgticket.tickets is locked by another transaction (one that moved the scope forward and has not ended: pgticket.advance_ticket, or a number given to a trigger made with on_explicit => 'advance'; pg_locks and pg_prepared_xacts show it)".to_string()
             } else if let Some(waited_ms) = worker::commit_wait_ms(db) {
                 format!(
-                    "the ticket worker of this database has been waiting {waited_ms} ms for its commit to be confirmed by the synchronous standbys (synchronous_standby_names): a standby is gone or slow"
+                    "the ticket worker of this database has been waiting {} for its commit to be confirmed by the synchronous standbys (synchronous_standby_names): a standby is gone or slow",
+                    ticket_core::epoch::format_duration_ms(waited_ms as i64)
                 )
             } else if worker::waits_in_line(db) {
                 format!(
-                    "this database waits for a ticket worker: pg_ticket.max_ticket_workers ({}) serve other databases, and one retires for it at most every {} ms",
+                    "this database waits for a ticket worker: pg_ticket.max_ticket_workers ({}) serve other databases, and one retires for it at most every {}",
                     settings::max_ticket_workers(),
-                    worker::TENURE_MS
+                    ticket_core::epoch::format_duration_ms(worker::TENURE_MS as i64)
                 )
             } else {
                 "the ticket worker of this database is not keeping up or not running".to_string()
             };
             TicketError::TicketsUnavailable(format!(
-                "no tickets for ({}, {}) arrived within pg_ticket.ticket_wait_timeout ({} ms): {why}",
+                "no tickets for ({}, {}) arrived within pg_ticket.ticket_wait_timeout ({}): {why}",
                 queue.quoted(),
                 domain.quoted(),
-                settings::ticket_wait_timeout().as_millis()
+                ticket_core::epoch::format_duration_ms(settings::ticket_wait_timeout().as_millis() as i64)
             ))
             .raise();
         }

@@ -195,7 +195,7 @@ fn eight_clients_inserting_through_the_trigger_number_one_shop_without_gaps() {
     c.connect()
         .batch_execute(
             "CREATE TABLE trigger_invoice (shop text NOT NULL, no bigint, total int);
-             CREATE TRIGGER number_invoices BEFORE INSERT ON trigger_invoice
+             CREATE TRIGGER number_invoices BEFORE INSERT OR UPDATE ON trigger_invoice
                  FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'shop', 'invoice');",
         )
         .unwrap();

@@ -131,6 +131,19 @@ fn an_old_base_backup_started_in_a_servers_place_holds_its_accepted_shards() {
     std::io::Write::write_all(&mut f, format!("port = 55606\nunix_socket_directories = '{}'\n", copy_dir.display()).as_bytes()).unwrap();
     let copy = Cluster::attach(&copy_dir, 55606);
     copy.up(None);
+    // Its snowflake mark may be older than what A stamped since (a clock
+    // that ran ahead): every snowflake and sharded ID is held until an
+    // administrator vouches (#30 item 7, SPEC §17.1); 0.4.0 before it
+    // stamped at once.
+    for call in ["SELECT snowflake_id()", "SELECT sharded_id(2)"] {
+        let err = copy.connect_when_ready().query_one(call, &[]).expect_err("a restored start is held");
+        assert_eq!(sqlstate(&err), "55000", "{err}");
+        let db_error = err.as_db_error().unwrap();
+        assert!(db_error.message().contains("base backup"), "{err}");
+        assert!(db_error.hint().unwrap_or_default().contains("pgticket.raise_snowflake_mark"), "{err}");
+    }
+    copy.connect().query_one("SELECT pgticket.raise_snowflake_mark(now())", &[]).unwrap();
+    copy.connect().query_one("SELECT snowflake_id()", &[]).expect("vouched for, it stamps");
     let held = |c: &Cluster| {
         let err = c.connect_when_ready().query_one("SELECT sharded_id(2)", &[]).expect_err("the copy does not issue the moved shard");
         assert_eq!(sqlstate(&err), "55000", "{err}");

@@ -6,7 +6,7 @@
 //! databases is `UPGRADE_FROM=0.1.0|0.2.0|0.3.0 scripts/regress.sh`, run by
 //! `make test`.)
 
-use pg_ticket_integration::shared_cluster;
+use pg_ticket_integration::{shared_cluster, sqlstate};
 use postgres::Client;
 
 /// Every object of the extension as one line of text each, with what an
@@ -143,7 +143,6 @@ fn an_upgrade_from_0_1_0_keeps_every_mark_and_ends_as_a_fresh_install() {
 
 #[test]
 fn an_upgrade_from_0_2_0_keeps_marks_tickets_and_live_leases_and_ends_as_a_fresh_install() {
-    use pg_ticket_integration::sqlstate;
     let c = shared_cluster("upgrade", 55435, &[]);
     let mut admin = c.connect();
     admin.batch_execute("CREATE DATABASE upgraded_020").unwrap();
@@ -223,6 +222,47 @@ fn an_upgrade_from_0_3_0_keeps_marks_tickets_and_live_leases_and_ends_as_a_fresh
     let mut new = c.connect_as("postgres", "fresh_040");
     new.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
     assert_same_objects(&mut old, &mut new);
+}
+
+/// #32 review (helper 5): 0.3.0's number_rows() made `BEFORE INSERT`
+/// triggers, which never see an UPDATE that sets the number — (s, 3) twice
+/// after `UPDATE ... SET no = 3` and two more inserts. The update to 0.4.0
+/// makes them `BEFORE INSERT OR UPDATE`, same name and arguments (scope
+/// text kept: the series go on), and a trigger of 0.4.0's form made by hand
+/// that does not fire on UPDATE is refused at its first row.
+#[test]
+fn triggers_made_by_0_3_0_check_updates_after_the_update() {
+    let c = shared_cluster("upgrade", 55435, &[]);
+    c.connect().batch_execute("CREATE DATABASE triggers_030").unwrap();
+    let mut db = c.connect_as("postgres", "triggers_030");
+    // One statement at a time: a batch is one transaction, and the ticket
+    // worker must see the extension committed.
+    db.batch_execute("CREATE EXTENSION pg_ticket VERSION '0.3.0'").unwrap();
+    db.batch_execute(
+        "CREATE TABLE lg (shop numeric, no bigint);
+         SELECT number_rows('lg', 'no', 'shop', domain => 'lg');
+         CREATE TABLE lt (shop text, no bigint);
+         SELECT number_rows('lt', 'no', 'shop', domain => 'lt', allocator => 'ticket');
+         INSERT INTO lg (shop) VALUES (17), (17.0), (17);",
+    )
+    .unwrap();
+    db.batch_execute("INSERT INTO lt (shop) VALUES ('a'), ('a')").unwrap();
+    db.batch_execute("ALTER EXTENSION pg_ticket UPDATE").unwrap();
+    for (table, update) in [("lg", "UPDATE lg SET no = 3 WHERE no = 1 AND shop::text = '17'"), ("lt", "UPDATE lt SET no = 3 WHERE no = 1")] {
+        let err = db.execute(update, &[]).expect_err("an UPDATE that sets the number is checked");
+        assert_eq!(sqlstate(&err), "428C9", "{table}: {err}");
+        let def: String = db
+            .query_one("SELECT pg_get_triggerdef(oid) FROM pg_trigger WHERE tgrelid = $1::text::regclass AND NOT tgisinternal", &[&table])
+            .unwrap()
+            .get(0);
+        assert!(def.contains("BEFORE INSERT OR UPDATE ON"), "{def}");
+    }
+    // 0.3.0's scope text kept: 17 and 17.0 stay two series, and go on.
+    let next: Vec<i64> = db.query("INSERT INTO lg (shop) VALUES (17), (17.0) RETURNING no", &[]).unwrap().iter().map(|r| r.get(0)).collect();
+    assert_eq!(next, [3, 2]);
+    db.batch_execute("CREATE TABLE hand (shop text, no bigint); CREATE TRIGGER hand BEFORE INSERT ON hand FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'shop', 'hand', 'on_explicit=refuse')").unwrap();
+    let err = db.execute("INSERT INTO hand (shop) VALUES ('s')", &[]).expect_err("a trigger blind to UPDATE");
+    assert_eq!(sqlstate(&err), "39P01", "{err}");
 }
 
 /// SPEC §18.3: every function, table, view and sequence of the extension has

@@ -1,7 +1,9 @@
 //! The checker: the promise, proved from the history alone (SPEC §14).
 //!
 //! - No snowflake twice in the whole fleet (servers, fixed and leased, and
-//!   the client processes' leased generators).
+//!   the client processes' leased generators); no sharded ID twice either
+//!   (a shard handed from server to server, an old backup of its previous
+//!   owner started in that server's place).
 //! - No ticket twice per scope within a life of its lineage's extension;
 //!   each lineage only its own series (odd / even), so the two never meet;
 //!   after a promotion, every ticket of a scope above every one before it.
@@ -35,6 +37,7 @@ type Key = (String, u32, String); // lineage, life, scope or name
 pub fn check(events: &[Event], generators: &[ClientIds], pools: &[ClientIds], series: &HashMap<String, (i64, i64)>) -> Vec<Violation> {
     let mut found = Vec::new();
     snowflakes(events, generators, &mut found);
+    sharded(events, &mut found);
     machine_ids_held_once(events, generators, &mut found);
     tickets(events, series, &mut found);
     tickets_increase(events, &mut found);
@@ -71,6 +74,27 @@ fn snowflakes(events: &[Event], generators: &[ClientIds], found: &mut Vec<Violat
                 kind: "snowflake twice",
                 what: format!("snowflake {id} twice: from {a} (at {}) and from {b} (at {})", at(ta), at(tb)),
                 times: [ta, tb].into_iter().flatten().collect(),
+            });
+        }
+    }
+}
+
+fn sharded(events: &[Event], found: &mut Vec<Violation>) {
+    let mut all: Vec<(i64, &str, u64)> = Vec::new();
+    for e in events {
+        if let Event::Sharded { t, source, ids } = e {
+            all.extend(ids.iter().map(|id| (*id, source.as_str(), *t)));
+        }
+    }
+    all.sort_unstable_by_key(|(id, _, _)| *id);
+    for pair in all.windows(2) {
+        let ((id, a, ta), (_, b, tb)) = (pair[0], pair[1]);
+        if pair[0].0 == pair[1].0 {
+            let shard = ticket_core::sharded::decompose(id).map(|p| p.shard).unwrap_or_default();
+            found.push(Violation {
+                kind: "sharded ID twice",
+                what: format!("sharded ID {id} (shard {shard}) twice: from {a} (at {}) and from {b} (at {})", at(Some(ta)), at(Some(tb))),
+                times: vec![ta, tb],
             });
         }
     }
@@ -341,6 +365,10 @@ mod tests {
         let generator = ClientIds { source: "gen-1-0".into(), ids: vec![12, 11] };
         let v = check(&[flakes], &[generator], &[], &series());
         assert!(v[0].what.contains("snowflake 11 twice"), "{v:?}");
+        let sharded = |source: &str, ids: &[i64]| Event::Sharded { t: 3, source: source.into(), ids: ids.to_vec() };
+        let shard_3 = |ms: i64, seq: i64| (ms << 22) | (3 << 10) | seq;
+        assert!(run(&[sharded("p2", &[shard_3(5, 0), shard_3(5, 1)]), sharded("r", &[shard_3(6, 0)])]).is_empty());
+        assert!(run(&[sharded("p2", &[shard_3(5, 0)]), sharded("r", &[shard_3(5, 0)])])[0].contains("(shard 3) twice"));
         let block = |first, last| Event::Block { t: 1, lineage: "p2".into(), life: 0, name: "b".into(), first, last };
         assert!(run(&[block(1, 10), block(11, 20)]).is_empty());
         assert!(run(&[block(1, 10), block(10, 20)])[0].contains("overlap"));

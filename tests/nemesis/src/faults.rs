@@ -61,6 +61,24 @@ pub enum Fault {
     /// DROP and CREATE EXTENSION on p2 (a new life of its marks).
     RecreateExtension,
     Reload(Target, &'static str, &'static str),
+    /// Shard 3 handed between p2 and the registry's server as the docs say
+    /// (unlisted and released on its owner, listed and accepted at the
+    /// release's point on the other).
+    ShardHandover,
+    /// A base backup of p2, for `P2RestoreBackup`.
+    P2Backup,
+    /// p2 lost and its latest base backup started in its place (SPEC §17.1),
+    /// then the docs' steps for an older backup: the shard listing it
+    /// should have now, each shard it owns accepted again, every mark moved
+    /// forward past what was handed out since.
+    P2RestoreBackup,
+    /// The registry restarted with its fixed `pg_ticket.machine_id` set to
+    /// an id it has leased out (SPEC §17.4), for `ms`, then back to 999.
+    RegistryOwnId(u64),
+    /// Writes of a state file (the snowflake mark, the shard book) fail on
+    /// a server for `ms`, as on a full disk (SPEC §17.2); for the book, a
+    /// handover meanwhile writes it.
+    StateWriteFails(Target, &'static str, u64),
 }
 
 impl Fault {
@@ -87,11 +105,16 @@ impl Fault {
             Fault::RegistryRestoreDump => "registry_restore_dump",
             Fault::RecreateExtension => "recreate_extension",
             Fault::Reload(..) => "reload",
+            Fault::ShardHandover => "shard_handover",
+            Fault::P2Backup => "p2_backup",
+            Fault::P2RestoreBackup => "p2_restore_backup",
+            Fault::RegistryOwnId(_) => "registry_own_id",
+            Fault::StateWriteFails(..) => "state_write_fails",
         }
     }
 }
 
-pub const KINDS: [&str; 21] = [
+pub const KINDS: [&str; 26] = [
     "kill_server",
     "kill_postmaster",
     "immediate_restart",
@@ -113,6 +136,11 @@ pub const KINDS: [&str; 21] = [
     "registry_restore_dump",
     "recreate_extension",
     "reload",
+    "shard_handover",
+    "p2_backup",
+    "p2_restore_backup",
+    "registry_own_id",
+    "state_write_fails",
 ];
 
 fn any_target(rng: &mut StdRng) -> Target {
@@ -152,13 +180,22 @@ fn draw(kind: usize, rng: &mut StdRng) -> Fault {
             1 => Fault::Reload(Target::Registry, "pg_ticket.lease_max_ttl", ["5s", "10s"][rng.gen_range(0..2)]),
             _ => Fault::Reload(Target::P1, "pg_ticket.machine_lease_ttl", ["2s", "3s", "5s"][rng.gen_range(0..3)]),
         },
+        "shard_handover" => Fault::ShardHandover,
+        "p2_backup" => Fault::P2Backup,
+        "p2_restore_backup" => Fault::P2RestoreBackup,
+        "registry_own_id" => Fault::RegistryOwnId(rng.gen_range(2000..6000)),
+        "state_write_fails" => Fault::StateWriteFails(
+            [Target::P2, Target::Registry][rng.gen_range(0..2)],
+            [MARK_FILE, BOOK_FILE][rng.gen_range(0..2)],
+            rng.gen_range(1000..3000),
+        ),
         other => unreachable!("{other} is in KINDS but not drawn"),
     }
 }
 
 /// Kinds that cost seconds of the fleet's time (a base backup, a
 /// promotion, a restore): once per round; the quick ones up to three times.
-const SLOW: [&str; 8] = [
+const SLOW: [&str; 11] = [
     "failover",
     "standby_away_then_failover",
     "registry_backup",
@@ -167,7 +204,40 @@ const SLOW: [&str; 8] = [
     "registry_restore_dump",
     "recreate_extension",
     "standby_away",
+    "p2_backup",
+    "p2_restore_backup",
+    "registry_own_id",
 ];
+
+const MARK_FILE: &str = "pg_ticket_snowflake.mark";
+const BOOK_FILE: &str = "pg_ticket_shards.book";
+
+/// Where shard 3 is: on p2 (`on_registry` false) or the registry's server,
+/// and the point of a release whose accept on its new owner has not
+/// succeeded yet (tried again at the next handover).
+#[derive(Default)]
+pub struct Handover {
+    on_registry: bool,
+    pending: Option<i64>,
+}
+
+/// The shard list of `target` with or without shard 3.
+fn shard_list(target: Target, with_3: bool) -> &'static str {
+    match (target, with_3) {
+        (Target::Registry, true) => "3",
+        (Target::Registry, false) => "",
+        (_, true) => "0-3",
+        (_, false) => "0-2",
+    }
+}
+
+fn db_of(target: Target) -> &'static str {
+    if target == Target::Registry {
+        REGISTRY_DB
+    } else {
+        WORK_DB
+    }
+}
 
 /// (start, fault) for a run of `seconds`, one every 1–4 s after a 5 s
 /// start: rounds in which every kind fires once, in an order of the
@@ -199,6 +269,7 @@ pub struct World<'a> {
     pub proxy: &'a Proxy,
     pub history: &'a History,
     pub p2: &'a Arc<Lineage>,
+    pub shard_3: Handover,
     pub rng: StdRng,
 }
 
@@ -323,10 +394,197 @@ impl World<'_> {
             Fault::RecreateExtension => self.recreate_extension(),
             Fault::Reload(target, setting, value) => {
                 let db = if *target == Target::Registry { REGISTRY_DB } else { WORK_DB };
-                let done = self.on(*target, |s| s.alter_system(db, setting, value));
+                let done = self.on(*target, |s| s.alter_system(db, setting, value).map_err(|e| why(&e)));
                 h.fault(kind, format!("{target:?} {setting} = {value}: {}", outcome(done)));
             }
+            Fault::ShardHandover => self.shard_handover(),
+            Fault::P2Backup => self.p2_backup(),
+            Fault::P2RestoreBackup => self.p2_restore_backup(),
+            Fault::RegistryOwnId(ms) => self.registry_own_id(*ms),
+            Fault::StateWriteFails(target, file, ms) => self.state_write_fails(*target, file, *ms),
         }
+    }
+
+    fn shard_3_owner(&self) -> Target {
+        if self.shard_3.on_registry {
+            Target::Registry
+        } else {
+            Target::P2
+        }
+    }
+
+    /// Shard 3 to the other server, as docs/operations.md says; a release
+    /// not yet accepted is accepted first.
+    fn shard_handover(&mut self) {
+        if let Some(point) = self.shard_3.pending {
+            return self.accept_shard_3(point);
+        }
+        let from = self.shard_3_owner();
+        let released = self.on(from, |s| {
+            s.set_shards(db_of(from), shard_list(from, false))?;
+            let point = s
+                .connect(db_of(from))
+                .and_then(|mut c| c.query_one("SELECT pgticket.release_shard(3)", &[]))
+                .map(|r| r.get::<_, i64>(0))
+                .map_err(|e| format!("{}: release_shard(3): {}", s.name, why(&e)));
+            if point.is_err() {
+                // Still its owner: listed again.
+                let _ = s.set_shards(db_of(from), shard_list(from, true));
+            }
+            point
+        });
+        match released {
+            Some(Ok(point)) => {
+                self.shard_3 = Handover { on_registry: from == Target::P2, pending: Some(point) };
+                self.accept_shard_3(point);
+            }
+            Some(Err(e)) => self.history.fault("shard_handover", format!("not handed over: {e}")),
+            None => {}
+        }
+    }
+
+    /// The released shard 3 accepted by its new owner at `point`.
+    fn accept_shard_3(&mut self, point: i64) {
+        let to = self.shard_3_owner();
+        let accepted = self.on(to, |s| {
+            s.set_shards(db_of(to), shard_list(to, true))?;
+            s.connect(db_of(to))
+                .and_then(|mut c| c.query_one("SELECT pgticket.accept_shard(3, $1)", &[&point]))
+                .map(|_| ())
+                .map_err(|e| format!("{}: accept_shard(3, {point}): {}", s.name, why(&e)))
+        });
+        match accepted {
+            Some(Ok(())) => {
+                self.shard_3.pending = None;
+                self.history.fault("shard_handover", format!("shard 3 to {to:?} at {point}"));
+            }
+            Some(Err(e)) => self.history.fault("shard_handover", format!("released at {point}, not yet accepted: {e}")),
+            None => {}
+        }
+    }
+
+    fn p2_backup_dir(&self) -> std::path::PathBuf {
+        self.fleet.work.join("p2-backup")
+    }
+
+    pub fn p2_backup(&self) {
+        let dir = self.p2_backup_dir();
+        let _ = std::fs::remove_dir_all(&dir);
+        owned_dir(&dir);
+        let p2 = &self.fleet.p2;
+        let out = std::process::Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(pg_ticket_integration::pg_bindir().join("pg_basebackup"))
+            .args(["-D", dir.join("data").to_str().unwrap(), "-X", "stream", "-c", "fast", "-h", p2.dir.to_str().unwrap(), "-p", &p2.port.to_string(), "-U", "postgres"])
+            .output();
+        let ok = out.as_ref().is_ok_and(|o| o.status.success());
+        if !ok {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
+        self.history.fault("p2_backup", if ok { "taken".to_string() } else { format!("failed: {out:?}") });
+    }
+
+    /// Runs `f` with p2's clients paused between operations (at most 30 s
+    /// to get there).
+    fn with_p2_paused(&mut self, what: &str, f: impl FnOnce(&mut Self)) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        self.p2.pause.store(true, Ordering::SeqCst);
+        let p2 = self.p2.clone();
+        let gate = loop {
+            if let Ok(g) = p2.gate.try_write() {
+                break Some(g);
+            }
+            if Instant::now() > deadline {
+                break None;
+            }
+            sleep_ms(10);
+        };
+        if gate.is_some() {
+            f(self);
+        } else {
+            self.history.fault("error", format!("{what}: p2's clients did not pause within 30 s"));
+        }
+        drop(gate);
+        self.p2.pause.store(false, Ordering::SeqCst);
+    }
+
+    fn p2_restore_backup(&mut self) {
+        if !self.p2_backup_dir().join("data").exists() {
+            return self.p2_backup();
+        }
+        self.with_p2_paused("p2_restore_backup", |w| w.restore_p2());
+    }
+
+    /// With p2's clients paused: its marks read, its data directory
+    /// replaced by the backup and started, then the operator's steps.
+    fn restore_p2(&mut self) {
+        let p2 = &self.fleet.p2;
+        let marks = match p2_marks(p2) {
+            Ok(marks) => marks,
+            Err(e) => return self.history.fault("p2_restore_backup", format!("not restored: p2's marks unreadable: {}", why(&e))),
+        };
+        self.history.fault("p2_restore_backup", "p2 lost; its base backup started in its place");
+        p2.signal_all(libc::SIGKILL);
+        sleep_ms(300);
+        let _ = std::fs::remove_dir_all(p2.data());
+        let ok = std::process::Command::new("cp").arg("-a").arg(self.p2_backup_dir().join("data")).arg(p2.data()).status().is_ok_and(|s| s.success());
+        assert!(ok, "copy p2's backup");
+        self.restart(p2);
+        if let Err(e) = p2.wait_ready(true) {
+            return self.history.fault("error", format!("p2_restore_backup: {e}"));
+        }
+        // The operator's steps (docs/operations.md, backup and restore).
+        let owns_3 = !self.shard_3.on_registry && self.shard_3.pending.is_none();
+        let steps = p2.set_shards(WORK_DB, shard_list(Target::P2, owns_3)).and_then(|()| {
+            let mut c = p2.connect(WORK_DB).map_err(|e| why(&e))?;
+            vouch(&mut c, self.history.latest_stamp_ms("p2"))?;
+            for shard in 0..if owns_3 { 4 } else { 3 } {
+                let point = self.history.highest_sharded(shard as u16);
+                c.query_one("SELECT pgticket.accept_shard($1, $2)", &[&shard, &point]).map_err(|e| format!("accept_shard({shard}, {point}): {}", why(&e)))?;
+            }
+            marks.advance(&mut c).map_err(|e| format!("advance the marks: {}", why(&e)))
+        });
+        self.history.fault("p2_restore_backup", format!("the operator's steps: {}", outcome_of(steps)));
+    }
+
+    fn registry_own_id(&self, ms: u64) {
+        let r = &self.fleet.registry;
+        let leased: Option<i32> = r
+            .connect(REGISTRY_DB)
+            .and_then(|mut c| c.query_opt("SELECT machine_id FROM pgticket.machine_ids WHERE state = 'held' ORDER BY expires_at DESC LIMIT 1", &[]))
+            .ok()
+            .flatten()
+            .map(|row| row.get(0));
+        let id = leased.unwrap_or(1);
+        self.history.fault("registry_own_id", format!("the registry restarted with pg_ticket.machine_id = {id} (leased: {}) for {ms} ms", leased.is_some()));
+        let set_machine_id = |id: i32| {
+            let conf = r.data().join("postgresql.conf");
+            let mut f = std::fs::OpenOptions::new().append(true).open(&conf).unwrap();
+            std::io::Write::write_all(&mut f, format!("pg_ticket.machine_id = {id}\n").as_bytes()).unwrap();
+            r.stop("fast");
+            self.restart(r);
+        };
+        set_machine_id(id);
+        sleep_ms(ms);
+        set_machine_id(999);
+    }
+
+    fn state_write_fails(&mut self, target: Target, file: &str, ms: u64) {
+        let Some(data) = self.on(target, |s| s.data()) else { return };
+        let blocker = data.join(std::path::Path::new(file).with_extension("tmp"));
+        owned_dir(&blocker);
+        self.history.fault("state_write_fails", format!("{target:?}: writes of {file} fail for {ms} ms"));
+        if file == BOOK_FILE {
+            self.shard_handover();
+        }
+        sleep_ms(ms);
+        let _ = std::fs::remove_dir_all(&blocker);
+        self.on(target, |s| {
+            if !s.running() {
+                self.history.fault("state_write_fails", format!("{} had stopped; started again", s.name));
+                self.restart(s);
+            }
+        });
     }
 
     /// Cancel, then terminate, the primary's sessions waiting for the
@@ -431,6 +689,26 @@ impl World<'_> {
         let ok = std::process::Command::new("cp").arg("-a").arg(&dir).arg(r.data()).status().is_ok_and(|s| s.success());
         assert!(ok, "copy the registry's backup");
         self.restart(r);
+        // The operator's steps: a vouch for its snowflakes past the latest
+        // it made, the listing it should have, shard 3 accepted again if it
+        // owns it.
+        let owns_3 = self.shard_3.on_registry && self.shard_3.pending.is_none();
+        let latest = self.history.latest_stamp_ms("r");
+        let steps = r
+            .wait_ready(true)
+            .and_then(|()| r.connect(REGISTRY_DB).map_err(|e| why(&e)).and_then(|mut c| vouch(&mut c, latest)))
+            .and_then(|()| r.set_shards(REGISTRY_DB, shard_list(Target::Registry, owns_3)))
+            .and_then(|()| {
+            if !owns_3 {
+                return Ok(());
+            }
+            let point = self.history.highest_sharded(3);
+            r.connect(REGISTRY_DB)
+                .and_then(|mut c| c.query_one("SELECT pgticket.accept_shard(3, $1)", &[&point]))
+                .map(|_| ())
+                .map_err(|e| format!("accept_shard(3, {point}): {}", why(&e)))
+        });
+        self.history.fault("registry_restore_backup", format!("the operator's steps: {}", outcome_of(steps)));
     }
 
     fn dump_file(&self) -> std::path::PathBuf {
@@ -444,12 +722,17 @@ impl World<'_> {
             .args(["-Fc", "-f", file.to_str().unwrap(), "-h", r.dir.to_str().unwrap(), "-p", &r.port.to_string(), "-U", "postgres", REGISTRY_DB])
             .output();
         let ok = out.as_ref().is_ok_and(|o| o.status.success());
+        if !ok {
+            // Not a dump to restore from (a restore would drop the registry
+            // database and load nothing).
+            let _ = std::fs::remove_file(&file);
+        }
         self.history.fault("registry_dump", if ok { "taken".to_string() } else { format!("failed: {out:?}") });
     }
 
     fn registry_restore_dump(&self) {
         let file = self.dump_file();
-        if !file.exists() {
+        if std::fs::metadata(&file).map_or(true, |m| m.len() == 0) {
             return self.registry_dump();
         }
         let r = &self.fleet.registry;
@@ -499,7 +782,11 @@ impl World<'_> {
         if let Err(e) = server.connect(WORK_DB).and_then(|mut c| c.batch_execute("DROP EXTENSION pg_ticket CASCADE")) {
             return self.history.fault("error", format!("recreate_extension: DROP EXTENSION: {e}"));
         }
-        // The old marks are gone: whatever comes next is a new life.
+        // The old marks are gone: whatever comes next is a new life. A
+        // backup of the old life is not restored into the new one (its
+        // marks would stand above the new life's, a gap the checker counts):
+        // it is replaced by one of the new life below.
+        let _ = std::fs::remove_dir_all(self.p2_backup_dir());
         let life = self.p2.life.fetch_add(1, Ordering::SeqCst) + 1;
         self.history.record(crate::history::Event::Life { t: self.history.now(), lineage: "p2".into(), life });
         let mut created = create_extension(server, WORK_DB);
@@ -510,7 +797,9 @@ impl World<'_> {
             sleep_ms(500);
             created = create_extension(server, WORK_DB);
         }
-        self.history.fault("recreate_extension", format!("p2, life {life}: {}", outcome_of(created)));
+        self.history.fault("recreate_extension", format!("p2, life {life}: {}", outcome_of(created.map_err(|e| why(&e)))));
+        // A backup of the new life, for a restore later in the run.
+        self.p2_backup();
     }
 
     /// Everything back: processes continued, clocks right, the proxy
@@ -530,6 +819,72 @@ impl World<'_> {
             self.fleet.rebuild_standby(&mut pair);
         }
     }
+}
+
+/// p2's marks before a restore: counter scopes, the block name, ticket
+/// scopes.
+struct Marks {
+    counters: Vec<(String, i64)>,
+    block: i64,
+    tickets: Vec<(String, i64)>,
+}
+
+fn p2_marks(p2: &Server) -> Result<Marks, postgres::Error> {
+    let mut c = p2.connect(WORK_DB)?;
+    let mut counters = Vec::new();
+    for d in 0..crate::workload::COUNTER_SCOPES {
+        let scope = format!("d{d}");
+        let mark: i64 = c.query_one("SELECT current_scoped_id('cq', $1)", &[&scope])?.get(0);
+        counters.push((scope, mark));
+    }
+    let block: i64 = c.query_one("SELECT current_block_mark('b')", &[])?.get(0);
+    let tickets = c
+        .query("SELECT domain, mark FROM pgticket.marks WHERE kind = 'ticket' AND queue = 'tq'", &[])?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    Ok(Marks { counters, block, tickets })
+}
+
+impl Marks {
+    /// Every mark of the restored database moved forward to these (never back).
+    fn advance(&self, c: &mut postgres::Client) -> Result<(), postgres::Error> {
+        for (scope, mark) in &self.counters {
+            let now: i64 = c.query_one("SELECT current_scoped_id('cq', $1)", &[scope])?.get(0);
+            if *mark > now {
+                c.query_one("SELECT pgticket.advance_scoped_id('cq', $1, $2)", &[scope, mark])?;
+            }
+        }
+        let now: i64 = c.query_one("SELECT current_block_mark('b')", &[])?.get(0);
+        if self.block > now {
+            c.query_one("SELECT pgticket.advance_block('b', $1)", &[&self.block])?;
+        }
+        for (scope, mark) in &self.tickets {
+            let now: Option<i64> =
+                c.query_opt("SELECT mark FROM pgticket.marks WHERE kind = 'ticket' AND queue = 'tq' AND domain = $1", &[scope])?.map(|r| r.get(0));
+            if now.is_none_or(|now| *mark > now) {
+                c.query_one("SELECT pgticket.advance_ticket('tq', $1, $2)", &[scope, mark])?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The operator's word after a base backup started in a server's place:
+/// every snowflake and sharded ID it makes is after the latest it made
+/// before (`latest_ms` since the default epoch, 2026-01-01), decoded from
+/// what was received, plus a second for the clocks.
+fn vouch(c: &mut postgres::Client, latest_ms: u64) -> Result<(), String> {
+    const EPOCH_UNIX_MS: i64 = 1_767_225_600_000;
+    let after_unix_ms = EPOCH_UNIX_MS + latest_ms as i64 + 1000;
+    c.query_one("SELECT pgticket.raise_snowflake_mark(to_timestamp($1::bigint / 1000.0))", &[&after_unix_ms])
+        .map(|_| ())
+        .map_err(|e| format!("raise_snowflake_mark: {}", why(&e)))
+}
+
+/// A client error as the server said it: SQLSTATE and message.
+fn why(e: &postgres::Error) -> String {
+    e.as_db_error().map(|d| format!("{}: {}", d.code().code(), d.message())).unwrap_or_else(|| e.to_string())
 }
 
 fn outcome<E: std::fmt::Display>(done: Option<Result<(), E>>) -> String {

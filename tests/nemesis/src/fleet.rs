@@ -154,6 +154,22 @@ impl Server {
         c.batch_execute("SELECT pg_reload_conf()")
     }
 
+    /// `pg_ticket.shards` set to `list` and reloaded, waited for (at most 10 s).
+    pub fn set_shards(&self, db: &str, list: &str) -> Result<(), String> {
+        self.alter_system(db, "pg_ticket.shards", list).map_err(|e| format!("{}: set pg_ticket.shards: {e}", self.name))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let shown = self.connect(db).and_then(|mut c| c.query_one("SHOW pg_ticket.shards", &[])).map(|r| r.get::<_, String>(0));
+            if shown.as_deref().is_ok_and(|s| s == list) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!("{}: pg_ticket.shards is {shown:?}, not {list:?}, 10 s after the reload", self.name));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     /// Set this server's clock offset (libfaketime: "+0", "+30s", "-5s").
     pub fn set_clock(&self, offset: &str) {
         set_clock(&self.clock, offset);
@@ -283,11 +299,19 @@ impl Fleet {
             &clock("p2"),
             &[
                 common.to_vec(),
-                vec!["pg_ticket.machine_id = 900".into(), "pg_ticket.ticket_offset = 2".into(), "pg_ticket.ticket_increment = 2".into()],
+                vec![
+                    "pg_ticket.machine_id = 900".into(),
+                    "pg_ticket.ticket_offset = 2".into(),
+                    "pg_ticket.ticket_increment = 2".into(),
+                    "pg_ticket.shards = '0-3'".into(),
+                ],
             ]
             .concat(),
         );
         create_extension(&p2, WORK_DB).expect("p2's extension");
+        p2.connect(WORK_DB)
+            .and_then(|mut c| c.batch_execute("SELECT pgticket.accept_shard(s, 0) FROM generate_series(0, 3) s"))
+            .expect("p2 accepts its shards");
         Fleet { registry, p1: Mutex::new(Pair { primary, standby: Some(standby) }), p2, work: work.to_path_buf(), slots: SLOTS }
     }
 

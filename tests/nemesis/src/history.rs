@@ -29,6 +29,8 @@ pub enum Event {
     Block { t: u64, lineage: String, life: u32, name: String, first: i64, last: i64 },
     Tickets { t: u64, lineage: String, life: u32, scope: String, values: Vec<i64> },
     Snowflakes { t: u64, source: String, ids: Vec<i64> },
+    /// Sharded IDs (`sharded_id`), of any shard.
+    Sharded { t: u64, source: String, ids: Vec<i64> },
     /// A counter's mark read at the end of a life (after the faults healed,
     /// or just before DROP EXTENSION).
     Mark { t: u64, lineage: String, life: u32, scope: String, mark: i64 },
@@ -42,12 +44,24 @@ pub enum Event {
 pub struct History {
     started: Instant,
     out: Mutex<std::io::BufWriter<std::fs::File>>,
+    /// The highest sharded ID received of each shard, for an operator's
+    /// handover point after a restore (as read from the tables).
+    highest_sharded: Mutex<std::collections::HashMap<u16, i64>>,
+    /// The latest timestamp (ms since the epoch) of a snowflake or sharded
+    /// ID received from each source, for an operator's vouch after a
+    /// restore (as decoded from the tables).
+    latest_stamp_ms: Mutex<std::collections::HashMap<String, u64>>,
 }
 
 impl History {
     pub fn create(path: &Path) -> History {
         let file = std::fs::File::create(path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
-        History { started: Instant::now(), out: Mutex::new(std::io::BufWriter::new(file)) }
+        History {
+            started: Instant::now(),
+            out: Mutex::new(std::io::BufWriter::new(file)),
+            highest_sharded: Mutex::new(Default::default()),
+            latest_stamp_ms: Mutex::new(Default::default()),
+        }
     }
 
     /// Milliseconds since the run started.
@@ -56,6 +70,25 @@ impl History {
     }
 
     pub fn record(&self, event: Event) {
+        let stamps = match &event {
+            Event::Sharded { source, ids, .. } => {
+                let mut highest = self.highest_sharded.lock().unwrap_or_else(|p| p.into_inner());
+                for id in ids.iter().filter_map(|id| ticket_core::sharded::decompose(*id).ok().map(|p| (p.shard, *id))) {
+                    let entry = highest.entry(id.0).or_insert(0);
+                    *entry = (*entry).max(id.1);
+                }
+                Some((source, ids.iter().filter_map(|id| ticket_core::sharded::decompose(*id).ok()).map(|p| p.millis).max()))
+            }
+            Event::Snowflakes { source, ids, .. } => {
+                Some((source, ids.iter().filter_map(|id| ticket_core::snowflake::Layout::DEFAULT.decompose(*id).ok()).map(|p| p.millis).max()))
+            }
+            _ => None,
+        };
+        if let Some((source, Some(ms))) = stamps {
+            let mut latest = self.latest_stamp_ms.lock().unwrap_or_else(|p| p.into_inner());
+            let entry = latest.entry(source.clone()).or_insert(0);
+            *entry = (*entry).max(ms);
+        }
         let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
         serde_json::to_writer(&mut *out, &event).expect("write the history");
         out.write_all(b"\n").expect("write the history");
@@ -65,6 +98,20 @@ impl History {
         let detail = detail.into();
         eprintln!("nemesis: {:>7.1}s {kind} {detail}", self.now() as f64 / 1000.0);
         self.record(Event::Fault { t: self.now(), kind: kind.into(), detail });
+    }
+
+    /// The highest sharded ID received of `shard` (0 if none).
+    pub fn highest_sharded(&self, shard: u16) -> i64 {
+        self.highest_sharded.lock().unwrap_or_else(|p| p.into_inner()).get(&shard).copied().unwrap_or(0)
+    }
+
+    /// The latest snowflake timestamp received from `source`, in ms since
+    /// the epoch (0 if none).
+
+    /// The latest stamp (ms since the epoch) of a snowflake or sharded ID
+    /// received from `source` (0 if none).
+    pub fn latest_stamp_ms(&self, source: &str) -> u64 {
+        self.latest_stamp_ms.lock().unwrap_or_else(|p| p.into_inner()).get(source).copied().unwrap_or(0)
     }
 
     pub fn flush(&self) {

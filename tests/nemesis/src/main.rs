@@ -79,12 +79,15 @@ fn run(args: &Args) -> i32 {
     let proxy = proxy::Proxy::start(registry_socket);
     let registry_dsn = format!("host=127.0.0.1 port={} user=postgres dbname={} connect_timeout=5", proxy.port, fleet::REGISTRY_DB);
     let fleet = fleet::Fleet::start(&args.work, |_| registry_dsn.clone());
-    let lineage = |name, dsn| Arc::new(workload::Lineage { name, dsn, life: AtomicU32::new(0), gate: RwLock::new(()), pause: AtomicBool::new(false), received: AtomicU64::new(0) });
-    let p1 = lineage("p1", fleet.p1_dsn());
-    let p2 = lineage("p2", fleet.p2.dsn(fleet::WORK_DB));
+    let lineage = |name, dsn, kinds| {
+        Arc::new(workload::Lineage { name, dsn, life: AtomicU32::new(0), gate: RwLock::new(()), pause: AtomicBool::new(false), received: AtomicU64::new(0), kinds })
+    };
+    let p1 = lineage("p1", fleet.p1_dsn(), workload::EVERY_KIND);
+    let p2 = lineage("p2", fleet.p2.dsn(fleet::WORK_DB), workload::EVERY_KIND);
+    let r = lineage("r", fleet.registry.dsn(fleet::REGISTRY_DB), workload::REGISTRY_KINDS);
     let clients = clients::Clients::start(&args.client_bin, &args.work, &registry_dsn, &fleet.p1_dsn());
     let stop = Arc::new(AtomicBool::new(false));
-    let threads = workload::spawn(&[p1.clone(), p2.clone()], &history, &stop, args.seed);
+    let threads = workload::spawn(&[p1.clone(), p2.clone(), r.clone()], &history, &stop, args.seed);
 
     let schedule = faults::schedule(args.seed, args.seconds);
     let mut world = faults::World {
@@ -93,8 +96,11 @@ fn run(args: &Args) -> i32 {
         proxy: &proxy,
         history: &history,
         p2: &p2,
+        shard_3: faults::Handover::default(),
         rng: rand::SeedableRng::seed_from_u64(args.seed.wrapping_mul(31)),
     };
+    // A backup of p2 from the start, so that a restore can come early.
+    world.p2_backup();
     let started = Instant::now();
     for (at, fault) in &schedule {
         let due = Duration::from_millis(*at);
@@ -132,7 +138,12 @@ fn run(args: &Args) -> i32 {
         }
     }
     history.flush();
-    println!("nemesis: IDs received by SQL clients: p1 {}, p2 {}", p1.received.load(Ordering::Relaxed), p2.received.load(Ordering::Relaxed));
+    println!(
+        "nemesis: IDs received by SQL clients: p1 {}, p2 {}, the registry's server {}",
+        p1.received.load(Ordering::Relaxed),
+        p2.received.load(Ordering::Relaxed),
+        r.received.load(Ordering::Relaxed)
+    );
     let status = report(&args.work, Some(args.seed));
     if status == 0 {
         fleet.stop_all();
@@ -176,6 +187,7 @@ fn report(work: &Path, seed: Option<u64>) -> i32 {
             history::Event::Block { .. } => *received.entry("blocks").or_default() += 1,
             history::Event::Tickets { values, .. } => *received.entry("tickets").or_default() += values.len(),
             history::Event::Snowflakes { ids, .. } => *received.entry("server snowflakes").or_default() += ids.len(),
+            history::Event::Sharded { ids, .. } => *received.entry("sharded IDs").or_default() += ids.len(),
             _ => {}
         }
     }

@@ -15,6 +15,9 @@ use std::time::Duration;
 
 pub const COUNTER_SCOPES: usize = 6;
 pub const TICKET_SCOPES: usize = 4;
+/// Logical shards 0..SHARDS: p2 owns them, but shard 3 moves between p2
+/// and the registry's server (`faults::World::shard_handover`).
+pub const SHARDS: i32 = 4;
 
 pub struct Lineage {
     pub name: &'static str,
@@ -27,21 +30,29 @@ pub struct Lineage {
     pub pause: AtomicBool,
     /// IDs received, for the report.
     pub received: AtomicU64,
+    /// What its clients draw.
+    pub kinds: &'static [Kind],
 }
 
 #[derive(Clone, Copy, Debug)]
-enum Kind {
+pub enum Kind {
     Counter,
     Block,
     Ticket,
     Snowflake,
+    Sharded,
 }
 
+/// A primary's clients: every allocator.
+pub const EVERY_KIND: &[Kind] = &[Kind::Counter, Kind::Counter, Kind::Block, Kind::Ticket, Kind::Snowflake, Kind::Sharded];
+/// The registry's server: its own snowflakes (machine 999, or the id a
+/// reconfiguration gave it) and the shard it may be handed.
+pub const REGISTRY_KINDS: &[Kind] = &[Kind::Snowflake, Kind::Sharded];
+
 pub fn spawn(lineages: &[Arc<Lineage>], history: &Arc<History>, stop: &Arc<AtomicBool>, seed: u64) -> Vec<JoinHandle<()>> {
-    let kinds = [Kind::Counter, Kind::Counter, Kind::Block, Kind::Ticket, Kind::Snowflake];
     let mut threads = Vec::new();
     for (l, lineage) in lineages.iter().enumerate() {
-        for (k, kind) in kinds.iter().enumerate() {
+        for (k, kind) in lineage.kinds.iter().enumerate() {
             let (lineage, history, stop, kind) = (lineage.clone(), history.clone(), stop.clone(), *kind);
             let rng = StdRng::seed_from_u64(seed ^ ((l as u64) << 32 | k as u64));
             threads.push(std::thread::spawn(move || run(&lineage, &history, &stop, kind, rng)));
@@ -100,6 +111,7 @@ fn run(lineage: &Lineage, history: &History, stop: &AtomicBool, kind: Kind, mut 
             Kind::Block => block(c, lineage, life, history, &mut rng),
             Kind::Ticket => tickets(c, lineage, life, history, &mut rng),
             Kind::Snowflake => snowflakes(c, lineage, history, &mut rng),
+            Kind::Sharded => sharded(c, lineage, history, &mut rng),
         };
         drop(gate);
         if result.is_err() {
@@ -176,6 +188,16 @@ fn snowflakes(c: &mut Conn, lineage: &Lineage, history: &History, rng: &mut StdR
     let ids: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
     lineage.received.fetch_add(ids.len() as u64, Ordering::Relaxed);
     history.record(Event::Snowflakes { t: history.now(), source: lineage.name.into(), ids });
+    Ok(())
+}
+
+fn sharded(c: &mut Conn, lineage: &Lineage, history: &History, rng: &mut StdRng) -> Result<(), postgres::Error> {
+    let shard: i32 = rng.gen_range(0..SHARDS);
+    let n: i32 = rng.gen_range(1..=40);
+    let rows = c.client.query("SELECT sharded_id($1) FROM generate_series(1, $2)", &[&shard, &n])?;
+    let ids: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+    lineage.received.fetch_add(ids.len() as u64, Ordering::Relaxed);
+    history.record(Event::Sharded { t: history.now(), source: lineage.name.into(), ids });
     Ok(())
 }
 

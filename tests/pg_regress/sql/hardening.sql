@@ -111,17 +111,17 @@ SELECT octet_length(queue) AS latin1_bytes FROM pgticket.scoped_counters WHERE q
 -- The trigger helpers on a table whose name is not ASCII (0.2.0: XX000
 -- from reading the LATIN1 name as UTF-8).
 CREATE TABLE "facturé" (no bigint, shop text);
-CREATE TRIGGER number_it BEFORE INSERT ON "facturé" FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'shop', 'facture');
-CREATE TRIGGER ticket_it BEFORE INSERT ON "facturé" FOR EACH ROW EXECUTE FUNCTION assign_ticket('no', 'shop', 'facture');
+CREATE TRIGGER number_it BEFORE INSERT OR UPDATE ON "facturé" FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'shop', 'facture');
+CREATE TRIGGER ticket_it BEFORE INSERT OR UPDATE ON "facturé" FOR EACH ROW EXECUTE FUNCTION assign_ticket('no', 'shop', 'facture');
 INSERT INTO "facturé" (shop) VALUES ('boutique');
 SELECT no FROM "facturé";
 CREATE TABLE "petite_facturé" (no smallint, shop text);
-CREATE TRIGGER number_it BEFORE INSERT ON "petite_facturé" FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'shop', 'petite');
+CREATE TRIGGER number_it BEFORE INSERT OR UPDATE ON "petite_facturé" FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('no', 'shop', 'petite');
 SELECT pgticket.advance_scoped_id('boutique', 'petite', 32767);
 INSERT INTO "petite_facturé" (shop) VALUES ('boutique');
 \echo :LAST_ERROR_SQLSTATE
 CREATE TABLE "mal_nommé" (no bigint, shop text);
-CREATE TRIGGER number_it BEFORE INSERT ON "mal_nommé" FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('numéro', 'shop', 'facture');
+CREATE TRIGGER number_it BEFORE INSERT OR UPDATE ON "mal_nommé" FOR EACH ROW EXECUTE FUNCTION assign_scoped_id('numéro', 'shop', 'facture');
 INSERT INTO "mal_nommé" (shop) VALUES ('boutique');
 \c regression
 DROP DATABASE pgt_latin1;

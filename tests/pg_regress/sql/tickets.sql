@@ -59,7 +59,7 @@ SELECT next_ticket('top', 'x');
 
 -- Per-row tickets: the same trigger shape as assign_scoped_id.
 CREATE TABLE job (queue text, no bigint);
-CREATE TRIGGER number_jobs BEFORE INSERT ON job FOR EACH ROW EXECUTE FUNCTION assign_ticket('no', 'queue', 'job');
+CREATE TRIGGER number_jobs BEFORE INSERT OR UPDATE ON job FOR EACH ROW EXECUTE FUNCTION assign_ticket('no', 'queue', 'job');
 INSERT INTO job (queue) VALUES ('mail'), ('mail'), ('sms');
 BEGIN;
 INSERT INTO job (queue) VALUES ('mail');
