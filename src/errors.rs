@@ -49,6 +49,10 @@ pub enum TicketError {
     /// SPEC §18.4: a value given for a column a trigger numbers.
     #[error("a value was given for column {column:?} of table {table:?}, which {function}() numbers: it could be one the series hands out later")]
     ExplicitNumber { column: String, table: String, function: &'static str },
+    /// SPEC §18.4: an UPDATE that moves a numbered row to another scope
+    /// with its number.
+    #[error("an UPDATE moves a row of table {table:?} to another scope with its number in column {column:?}, which {function}() numbers: that number could be one the new scope hands out later")]
+    MovedNumber { column: String, table: String, function: &'static str },
     #[error("snowflake IDs have no infinite time")]
     InfiniteTime,
     #[error(transparent)]
@@ -73,11 +77,11 @@ pub enum TicketError {
     NoScopeRight { scope: String, role: String },
     #[error("{}", match .cause {
         MarkLost::Upgraded => "this data directory was made by pg_upgrade, and the snowflake mark (pg_ticket_snowflake.mark) was not carried over: this server cannot know how far its old self stamped, so it makes no snowflake or sharded ID, in any database, until the mark is carried over or vouched for",
-        MarkLost::Missing => "this server has no snowflake mark (pg_ticket_snowflake.mark), but this database records that snowflakes were made for it (pgticket.id_space): the mark was not carried over (a restored data directory, a file removed), and IDs below the lost one could be made again",
+        MarkLost::Missing => "this server has no snowflake mark (pg_ticket_snowflake.mark), but this database records that IDs were made in its snowflake ID space (pgticket.id_space: by a server's snowflake_id(), or by the holders of this registry's leases): if this server made snowflakes before, its mark was not carried over (a restored data directory, a file removed), and IDs below the lost one could be made again",
         MarkLost::Restored => "this server started from a base backup or a point-in-time recovery: its snowflake mark may be older than what the server it stands in for stamped since (a clock that ran ahead), so it makes no snowflake or sharded ID, in any database, until that is vouched for",
     })]
     MarkNotCarried { cause: MarkLost },
-    #[error("waited {waited_ms} ms for another backend's write of the snowflake mark, which has been waiting {standby_wait_ms} ms for the synchronous standbys (synchronous_standby_names) to confirm its WAL record")]
+    #[error("waited {} for another backend's write of the snowflake mark, which has been waiting {} for the synchronous standbys (synchronous_standby_names) to confirm its WAL record", ticket_core::epoch::format_duration_ms(*.waited_ms as i64), ticket_core::epoch::format_duration_ms(*.standby_wait_ms))]
     MarkWaitsForStandby { waited_ms: u64, standby_wait_ms: i64 },
     /// A state table that cannot be used as it is (unlogged, moved).
     #[error("{0}")]
@@ -127,7 +131,7 @@ impl TicketError {
             | TicketError::TicketsUnavailable(_)
             | TicketError::StateTableUnfit(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             TicketError::TriggerMisuse(_) => ERRCODE_E_R_I_E_TRIGGER_PROTOCOL_VIOLATED,
-            TicketError::ExplicitNumber { .. } => ERRCODE_GENERATED_ALWAYS,
+            TicketError::ExplicitNumber { .. } | TicketError::MovedNumber { .. } => ERRCODE_GENERATED_ALWAYS,
             TicketError::NoSuchColumn { .. } => ERRCODE_UNDEFINED_COLUMN,
             TicketError::WrongColumnType { .. } => ERRCODE_DATATYPE_MISMATCH,
             TicketError::ValueDoesNotFit { .. } => ERRCODE_NUMERIC_VALUE_OUT_OF_RANGE,
@@ -160,6 +164,15 @@ impl TicketError {
                 "Add pg_ticket to shared_preload_libraries in postgresql.conf (to the list, keeping the libraries already there: e.g. 'pg_stat_statements, pg_ticket'; SHOW shared_preload_libraries shows them) and restart the server.",
             ),
             TicketError::ReadOnly { standby: true } => Some("This server is a hot standby; allocate on the primary."),
+            TicketError::ReadOnly { standby: false } => Some(
+                "Allocate in a read-write transaction (not under SET TRANSACTION READ ONLY or default_transaction_read_only = on).",
+            ),
+            TicketError::Counter(CounterError::Overflow { .. }) => Some(
+                "The series reached its limit (2^63-1, or one set with pgticket.set_scoped_id_limit / pgticket.set_block_limit): an administrator raises the limit, or retires the name and starts another.",
+            ),
+            TicketError::Counter(CounterError::SizeOverCeiling { .. }) => Some(
+                "Reserve a smaller block (several calls), or a superuser raises pg_ticket.max_block_size.",
+            ),
             TicketError::Snowflake(SnowflakeError::ClockBehind { .. }) => {
                 Some("Fix the system clock (NTP); pg_ticket never reuses a timestamp it has issued. With a leased machine id (pg_ticket.machine_id = -1) the floor may be the lease's not_before_ms (the server log's \"stamping above\"): the id's earlier holders' reported stamps and their leases' end plus pg_ticket.lease_margin.")
             }
@@ -180,6 +193,9 @@ impl TicketError {
             }
             TicketError::TooManyEntries(LimitReached::Memory { .. }) => Some("Split the transaction."),
             TicketError::ValueDoesNotFit { .. } => Some("pgticket.set_scoped_id_limit() keeps a series within a column's range."),
+            TicketError::MovedNumber { .. } => Some(
+                "Set the number column to NULL in the same UPDATE: the row then takes the next number of its new scope. To keep given numbers, make the trigger with number_rows(..., on_explicit => 'advance').",
+            ),
             TicketError::ExplicitNumber { .. } => Some(
                 "Leave the column out (or NULL) and the trigger numbers the row. To give numbers yourself (an import), make the trigger with number_rows(..., on_explicit => 'advance'): a given number moves the series above it, and one at or below its mark is refused.",
             ),
@@ -193,7 +209,7 @@ impl TicketError {
                 "Release ids no longer used (pgticket.release_machine_id, or pgticket.revoke_machine_id as an administrator; pgticket.machine_ids lists them), let dead holders' leases expire, or widen pg_ticket.lease_ids and reload.",
             ),
             TicketError::Lease(LeaseError::HoldOff { .. }) => Some(
-                "Wait (ticket-client retries by itself), or, if no earlier life of this registry can have a lease still live (a new registry, or every holder known to be gone), end the wait now as an administrator: SELECT pgticket.end_lease_hold_off(); (docs/leases.md: the hold-off).",
+                "Wait (ticket-client retries by itself), or, if no earlier life of this registry can have a lease still live (a new registry, or every holder known to be gone), end the wait now as an administrator: SELECT pgticket.end_lease_hold_off(); (docs/leases.md, \"How the registry decides\").",
             ),
             TicketError::Lease(LeaseError::TtlOverMax { .. }) => Some(
                 "Ask for a shorter ttl (SHOW pg_ticket.lease_max_ttl), or raise pg_ticket.lease_max_ttl in postgresql.conf and reload (the registry then holds off that long after each start).",

@@ -220,9 +220,15 @@ fn may_allocate(kind: Option<&str>, queue: Option<Name<'_>>, domain: Option<Name
             "block" => RightKind::Block,
             other => TicketError::InvalidArgument(format!("kind is 'scoped_id', 'ticket' or 'block', not {other:?}")).raise(),
         };
-        let domain = match right {
-            RightKind::Scope => crate::api::required("domain", domain),
-            RightKind::Block => Name(b""),
+        let domain = match (right, domain) {
+            (RightKind::Scope, domain) => crate::api::required("domain", domain),
+            (RightKind::Block, None) => Name(b""),
+            // A block name has no domain: one given is a mistake (the
+            // answer would not be about it).
+            (RightKind::Block, Some(_)) => TicketError::InvalidArgument(
+                "kind 'block' asks about a block name, given as queue: domain must be NULL".into(),
+            )
+            .raise(),
         };
         check(right, queue, domain, String::new).is_ok()
     })

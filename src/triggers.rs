@@ -468,7 +468,8 @@ fn assign<'a>(
         };
         check_name("queue", queue.bytes()).or_raise();
         check_name("domain", domain.bytes()).or_raise();
-        if given && op == pg_sys::TRIGGER_EVENT_UPDATE && unchanged(data.tg_trigtuple, tuple, tupdesc, id_n, id_type) {
+        let number_kept = given && op == pg_sys::TRIGGER_EVENT_UPDATE && unchanged(data.tg_trigtuple, tuple, tupdesc, id_n, id_type);
+        if number_kept {
             // Its number in the scope it had: an UPDATE that moves the row
             // to another scope with it gives that scope a number.
             let mut old_values = vec![pg_sys::Datum::from(0); natts];
@@ -484,6 +485,10 @@ fn assign<'a>(
         }
         if given {
             match args.on_explicit {
+                // The row keeps its number but moves to another scope.
+                OnExplicit::Refuse if number_kept => {
+                    TicketError::MovedNumber { column: for_message(args.id_column.to_bytes()), table, function }.raise()
+                }
                 OnExplicit::Refuse => TicketError::ExplicitNumber { column: for_message(args.id_column.to_bytes()), table, function }.raise(),
                 OnExplicit::Advance => {
                     let number = given_number(values[id_n as usize - 1], id_type, &args.id_column, &table);

@@ -105,13 +105,18 @@ pub fn format_duration_ms(ms: i64) -> String {
     let ms = ms.unsigned_abs();
     let text = match ms {
         0..=999 => format!("{ms} ms"),
-        1_000..=59_999 if ms % 1000 == 0 => format!("{} s", ms / 1000),
-        1_000..=59_999 => format!("{}.{} s", ms / 1000, ms % 1000 / 100),
+        1_000..=9_999 => format!("{} s", trim_zeros(format!("{}.{:02}", ms / 1000, ms % 1000 / 10))),
+        10_000..=59_999 => format!("{} s", trim_zeros(format!("{}.{}", ms / 1000, ms % 1000 / 100))),
         60_000..=3_599_999 => two_units(ms / 1000, 60, "min", "s"),
         3_600_000..=86_399_999 => two_units(ms / 60_000, 60, "h", "min"),
         _ => two_units(ms / 3_600_000, 24, "d", "h"),
     };
     format!("{sign}{text}")
+}
+
+/// "1.50" as "1.5", "2.00" as "2".
+fn trim_zeros(number: String) -> String {
+    number.trim_end_matches('0').trim_end_matches('.').to_string()
 }
 
 fn two_units(small: u64, per_large: u64, large_unit: &str, small_unit: &str) -> String {
@@ -144,6 +149,8 @@ mod tests {
             (250, "250 ms"),
             (1_000, "1 s"),
             (1_500, "1.5 s"),
+            (1_010, "1.01 s"),
+            (10_050, "10 s"),
             (55_000, "55 s"),
             (59_999, "59.9 s"),
             (60_000, "1 min"),

@@ -33,7 +33,7 @@ pub enum LeaseError {
     NoSecret { machine_id: u16, lease: i64 },
     #[error("a secret is 32 hexadecimal digits, as pgticket.lease_machine_id returned it")]
     BadSecret,
-    #[error("last_issued_ms {last_issued_ms} ({}) is past lease {lease}'s end plus pg_ticket.lease_margin ({}): no holder stamps there", crate::epoch::format_unix_ms(*.last_issued_ms), crate::epoch::format_unix_ms(*.limit_ms))]
+    #[error("last_issued_ms {last_issued_ms} ({}) is past {}, the latest a holder of lease {lease} can have stamped (this call for a live lease, else the lease's end, plus pg_ticket.lease_margin)", crate::epoch::format_unix_ms(*.last_issued_ms), crate::epoch::format_unix_ms(*.limit_ms))]
     LastIssuedTooLate { lease: i64, last_issued_ms: i64, limit_ms: i64 },
     #[error("lease {lease} of machine id {machine_id} expired {} ago; stop issuing and lease anew", crate::epoch::format_duration_ms(*.ago_ms))]
     Expired { machine_id: u16, lease: i64, ago_ms: i64 },

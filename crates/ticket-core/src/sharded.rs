@@ -65,7 +65,7 @@ pub enum ShardError {
     StillListed(u16),
     #[error("{0}")]
     Book(String),
-    #[error("the handover point of shard {shard} is {ahead_ms} ms ahead of this server's clock, more than {MAX_HANDOVER_AHEAD_MS} ms: fix the clocks first")]
+    #[error("the handover point of shard {shard} is {} ahead of this server's clock, more than {}: fix the clocks first", crate::epoch::format_duration_ms(*.ahead_ms as i64), crate::epoch::format_duration_ms(MAX_HANDOVER_AHEAD_MS as i64))]
     HandoverAhead { shard: u16, ahead_ms: u64 },
     #[error("pg_ticket.shards: {0:?} is not a list of shards within 0-{MAX_SHARD} (e.g. '0-63, 128')")]
     BadList(String),

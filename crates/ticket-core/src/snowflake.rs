@@ -56,17 +56,17 @@ pub struct Parts {
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SnowflakeError {
-    #[error("the system clock is {behind_ms} ms behind the last snowflake timestamp issued (or reserved before a restart); pg_ticket waits out at most {allowed_ms} ms")]
+    #[error("the system clock is {} behind the last snowflake timestamp issued (or reserved before a restart); pg_ticket waits out at most {}", crate::epoch::format_duration_ms(*.behind_ms as i64), crate::epoch::format_duration_ms(*.allowed_ms as i64))]
     ClockBehind { behind_ms: u64, allowed_ms: u64 },
     #[error("cannot read or write the snowflake mark: {0}")]
     MarkStore(String),
     #[error("the snowflake mark {location} is damaged: {why}")]
     DamagedMark { location: String, why: String },
-    #[error("waited {waited_ms} ms for another backend to write the snowflake mark; the storage under the data directory may be stalled")]
+    #[error("waited {} for another backend to write the snowflake mark; the storage under the data directory may be stalled", crate::epoch::format_duration_ms(*.waited_ms as i64))]
     MarkBusy { waited_ms: u64 },
     #[error("the system clock ({}) is before the configured epoch ({})", crate::epoch::format_unix_ms(*.now_ms), crate::epoch::format_unix_ms(*.epoch_ms))]
     BeforeEpoch { now_ms: i64, epoch_ms: i64 },
-    #[error("the 41-bit timestamp is exhausted: more than {MAX_TIMESTAMP_MS} ms have passed since the epoch")]
+    #[error("the 41-bit timestamp is exhausted: more than 41 bits of milliseconds (about 69 years) have passed since the epoch")]
     TimestampExhausted,
     #[error("machine id {id} is out of range 0-{max}")]
     MachineOutOfRange { id: i64, max: u16 },
@@ -74,7 +74,7 @@ pub enum SnowflakeError {
     MachineBitsOutOfRange(i64),
     #[error("{0} is not a snowflake ID: snowflake IDs are never negative")]
     NegativeId(i64),
-    #[error("{} is outside the snowflake time range: from the epoch ({}) for {MAX_TIMESTAMP_MS} ms (about 69 years)", crate::epoch::format_unix_ms(*.unix_ms), crate::epoch::format_unix_ms(*.epoch_ms))]
+    #[error("{} is outside the snowflake time range: from the epoch ({}) to {} (41 bits of milliseconds, about 69 years)", crate::epoch::format_unix_ms(*.unix_ms), crate::epoch::format_unix_ms(*.epoch_ms), crate::epoch::format_unix_ms(*.epoch_ms + MAX_TIMESTAMP_MS as i64))]
     TimeOutOfRange { unix_ms: i64, epoch_ms: i64 },
     #[error("the machine-id lease ends at {} (plus half the margin): no later timestamp may be stamped under it; waiting for its renewal", crate::epoch::format_unix_ms(*.stamp_cap_unix_ms))]
     PastLease { stamp_cap_unix_ms: i64 },
@@ -1101,7 +1101,7 @@ pub(crate) mod tests {
         let (state, clock, store) = restarted_at(400_000 - 300_000, 400_000);
         let err = next_id(&state, &clock, &store, EPOCH, L, 7, i64::MAX).unwrap_err();
         assert_eq!(err, SnowflakeError::ClockBehind { behind_ms: 300_000, allowed_ms: RESERVE_AHEAD_MS + MAX_BACKWARD_WAIT_MS });
-        assert!(err.to_string().contains("300000 ms behind"), "{err}");
+        assert!(err.to_string().contains("5 min behind"), "{err}");
         assert_eq!(clock.paused_ms.get(), 0);
     }
 

@@ -310,6 +310,9 @@ fn a_plain_role_sees_only_the_marks_and_cached_tickets_it_may_use() {
         .map(|r| vec![r.get(0), r.get(1), r.get(2)])
         .unwrap();
     assert_eq!(may, [true, false, true]);
+    // A block name has no domain (#32 review: one given was ignored).
+    let err = erin.query_one("SELECT pgticket.may_allocate('block', 'my-x', 'anything')", &[]).unwrap_err();
+    assert_eq!(sqlstate(&err), "22023", "{err}");
     // A cheap function of the caller's in the WHERE clause (one that
     // records its arguments) never runs on a row the view filters out.
     erin.batch_execute(

@@ -286,7 +286,7 @@ fn a_locked_scope_stalls_only_itself_and_our_own_lock_is_refused_at_once() {
     let err = tx.query_one("SELECT next_ticket('held', 'x')", &[]).unwrap_err();
     assert_eq!(sqlstate(&err), "55000", "{err:?}");
     let message = err.as_db_error().unwrap().message().to_string();
-    assert!(message.contains("in this transaction"), "{message}");
+    assert!(message.contains("this transaction moved"), "{message}");
     println!("refused after {:?}", started.elapsed());
     drop(tx); // rolled back
     // An outer advance still holds the row after an inner one rolled back
@@ -296,7 +296,7 @@ fn a_locked_scope_stalls_only_itself_and_our_own_lock_is_refused_at_once() {
     tx.batch_execute("SELECT pgticket.advance_ticket('nested', 'x', 5); SAVEPOINT a; SELECT pgticket.advance_ticket('nested', 'x', 7); ROLLBACK TO SAVEPOINT a")
         .unwrap();
     let err = tx.query_one("SELECT next_ticket('nested', 'x')", &[]).unwrap_err();
-    assert!(err.as_db_error().unwrap().message().contains("in this transaction"), "{err:?}");
+    assert!(err.as_db_error().unwrap().message().contains("this transaction moved"), "{err:?}");
     drop(tx);
     let mut tx = holder.transaction().unwrap();
     tx.query_one("SELECT pgticket.advance_ticket('nested', 'x', 10)", &[]).unwrap();
