@@ -20,7 +20,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo --sudo)
 PROFILE ?= debug
 PROFILE_FLAG := $(if $(filter release,$(PROFILE)),--release,)
 
-.PHONY: setup install run stop test test-version test-unit test-pgrx test-regress test-docs test-integration test-package test-nemesis soak package bench
+.PHONY: setup install run stop test test-version test-unit test-pgrx test-regress test-docs test-integration test-package test-nemesis soak package dist bench
 
 setup:
 	@scripts/setup.sh
@@ -90,6 +90,12 @@ package: setup
 test-package: package
 	scripts/test-package.sh
 
+# The source distribution PGXN takes (META.json at its top), in target/dist/.
+dist:
+	scripts/dist.sh
+
 bench: setup
 	$(MAKE) install PROFILE=release
 	scripts/bench.sh
+	python3 -m venv target/bench/venv && target/bench/venv/bin/pip install -q matplotlib
+	target/bench/venv/bin/python scripts/bench-publish.py target/bench/report.md --commit $$(git rev-parse --short HEAD)

@@ -69,9 +69,12 @@ in_backend snowflake "$(calls 'snowflake_id()' 2000000)"
 in_backend nextval "$(calls "nextval('bench_seq')" 2000000)"
 in_backend uuid "$(calls 'gen_random_uuid()' 2000000)"
 # The same generator on a leased machine id (this server its own registry):
-# the lease is checked before and after each stamp.
+# the lease is checked before and after each stamp. It leases from ids
+# other than 0: the fixed id of the runs after it, which a server refuses
+# to stamp while its registry has that id leased out (SPEC §17.4).
 restart() { "$root/scripts/cluster.sh" stop "$dir"; "$root/scripts/cluster.sh" up "$dir"; }
-psql -c "ALTER SYSTEM SET pg_ticket.machine_id = -1" -c "ALTER SYSTEM SET pg_ticket.registry = 'host=$dir port=$port user=postgres dbname=postgres'"
+psql -c "ALTER SYSTEM SET pg_ticket.machine_id = -1" -c "ALTER SYSTEM SET pg_ticket.lease_ids = '1-1023'" \
+    -c "ALTER SYSTEM SET pg_ticket.registry = 'host=$dir port=$port user=postgres dbname=postgres'"
 restart
 # A registry holds off after every start; this one is new to its fleet.
 psql -c "SELECT pgticket.end_lease_hold_off()" >/dev/null
@@ -80,7 +83,7 @@ for _ in $(seq 1 150); do
     sleep 0.2
 done
 in_backend snowflake_leased "$(calls 'snowflake_id()' 2000000)"
-psql -c "ALTER SYSTEM RESET pg_ticket.machine_id" -c "ALTER SYSTEM RESET pg_ticket.registry"
+psql -c "ALTER SYSTEM RESET pg_ticket.machine_id" -c "ALTER SYSTEM RESET pg_ticket.lease_ids" -c "ALTER SYSTEM RESET pg_ticket.registry"
 restart
 for n in 10000 100000 1000000; do
     in_backend "scoped_$n" "$(calls "next_scoped_id('bulk-$n', 'run-%RUN%')" $n)"

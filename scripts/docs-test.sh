@@ -12,6 +12,8 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 # The README's source map names the tree as it is.
 python3 "$root/scripts/source-map-check.py"
+# Imports run one way: the layers src/lib.rs names, no circle.
+python3 "$root/scripts/layers-check.py"
 # Every link between the docs points to a file and heading that exist.
 python3 "$root/scripts/links-check.py"
 PG_CONFIG=${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}

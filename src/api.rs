@@ -5,27 +5,13 @@
 
 use pgrx::prelude::*;
 
+use crate::args::{name_arg, required, scope_args, unix_ms_of};
+use crate::clock::timestamptz_or_error;
 use crate::counters::{self, Kind};
 use crate::errors::{postgres_errors_as_raised, OrRaise, TicketError};
 use crate::names::Name;
-use crate::{settings, snowflake};
-use ticket_core::counter::{check_block_size, check_name, CounterError};
-
-/// A required argument, or 22004.
-pub(crate) fn required<T>(what: &'static str, value: Option<T>) -> T {
-    value.unwrap_or_else(|| TicketError::NullArgument(what).raise())
-}
-
-/// A required name within the limits, or 22004 / 22023.
-pub(crate) fn name_arg<'a>(what: &'static str, value: Option<Name<'a>>) -> Name<'a> {
-    let name = required(what, value);
-    check_name(what, name.bytes()).or_raise();
-    name
-}
-
-pub(crate) fn scope_args<'a>(queue: Option<Name<'a>>, domain: Option<Name<'a>>) -> (Name<'a>, Name<'a>) {
-    (name_arg("queue", queue), name_arg("domain", domain))
-}
+use crate::{leases, settings, snowflake};
+use ticket_core::counter::{check_block_size, CounterError};
 
 /// Blocks have one name; the second key part is empty.
 const NO_NAME: Name<'static> = Name(b"");
@@ -136,7 +122,7 @@ fn retire_block(name: Option<Name<'_>>) -> i64 {
 /// A 64-bit time-ordered ID from this server's shared generator.
 #[pg_extern(volatile, parallel_unsafe)]
 fn snowflake_id() -> i64 {
-    postgres_errors_as_raised(snowflake::next_id)
+    postgres_errors_as_raised(|| snowflake::next_id(leases::check_own_id_unleased))
 }
 
 /// The parts of a snowflake ID, read with this server's epoch. STABLE, not
@@ -146,16 +132,7 @@ fn snowflake_decode(
     id: Option<i64>,
 ) -> TableIterator<'static, (name!(created_at, TimestampWithTimeZone), name!(machine_id, i32), name!(sequence, i32))> {
     let (unix_ms, machine_id, sequence) = snowflake::decode(required("id", id));
-    TableIterator::once((snowflake::timestamptz_or_error(unix_ms), i32::from(machine_id), i32::from(sequence)))
-}
-
-/// The millisecond of `at` in Unix ms (rounded down); infinity is refused.
-pub(crate) fn unix_ms_of(at: Option<TimestampWithTimeZone>) -> i64 {
-    let at = required("at", at);
-    if !at.is_finite() {
-        TicketError::InfiniteTime.raise();
-    }
-    snowflake::unix_ms_of_timestamptz(at)
+    TableIterator::once((timestamptz_or_error(unix_ms), i32::from(machine_id), i32::from(sequence)))
 }
 
 /// The lowest snowflake ID any machine can have in the millisecond of `at`

@@ -3,6 +3,7 @@
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 use pgrx::pg_sys::panic::CaughtError;
+use crate::refusals::Refusal;
 use ticket_core::counter::CounterError;
 use ticket_core::leases::LeaseError;
 use ticket_core::local_marks::LimitReached;
@@ -250,6 +251,19 @@ impl TicketError {
         }
     }
 
+    /// The `pgticket.status` counter this refusal adds to, if any.
+    fn counted_as(&self) -> Option<Refusal> {
+        match self {
+            TicketError::InScope { error, .. } => error.counted_as(),
+            TicketError::Snowflake(SnowflakeError::ClockBehind { .. }) => Some(Refusal::ClockBehind),
+            TicketError::Counter(CounterError::Overflow { .. }) | TicketError::Tickets(TicketsError::Overflow { .. }) => {
+                Some(Refusal::Overflow)
+            }
+            TicketError::ReadOnly { .. } => Some(Refusal::ReadOnly),
+            _ => None,
+        }
+    }
+
     /// This error, said of `label` (see `names::label`).
     pub fn about(self, label: String) -> TicketError {
         match self {
@@ -260,7 +274,9 @@ impl TicketError {
 
     /// Raise as a PostgreSQL ERROR; never returns.
     pub fn raise(self) -> ! {
-        crate::status::count_refusal(&self);
+        if let Some(refusal) = self.counted_as() {
+            crate::refusals::count_refusal(refusal);
+        }
         let mut report = ErrorReport::new(self.sqlstate(), self.to_string(), "pg_ticket");
         if let Some(hint) = self.hint() {
             report = report.set_hint(hint);

@@ -1,36 +1,58 @@
 //! pg_ticket: ID allocation inside PostgreSQL.
 //!
-//! Module map:
-//! - `api`: the SQL-facing functions (thin: validate, call, convert).
-//! - `counters/`: scoped counters and blocks: the transaction's held marks,
-//!   savepoint undo, commit-time write-back, and the only table access.
-//! - `snowflake`: the shared-memory generator and the real clock; the layout
-//!   and clock rules live in the PostgreSQL-free `ticket-core` crate.
-//! - `tickets/`: `next_ticket()`: the scope cache in shared memory and the
-//!   per-database workers that reserve its segments.
-//! - `leases/`: the machine-id registry (lease, renew, release, revoke).
+//! Modules in layers: each imports only from its own layer or the ones
+//! below, and no modules import each other round a circle (a folder is one
+//! module; `scripts/layers-check.py` in `make test-docs` holds this list to
+//! the code). A change to the ground can touch everything; a change to the
+//! surface touches nothing below it.
+//!
+//! 1. Ground: what everything uses, importing nothing above it.
+//! - `names`: `text` arguments as the database's bytes (any encoding).
+//! - `clock`: the real clock in Unix ms, and timestamptz conversions.
+//! - `refusals`: the refusal and wait counts behind `pgticket.status`.
+//! - `errors`: every error pg_ticket raises, with its SQLSTATE.
+//! - `settings`: every `pg_ticket.*` setting, defined and checked once.
+//! - `args`: SQL arguments checked alike (NULL, name limits, infinity).
+//!
+//! 2. PostgreSQL plumbing: the catalog, the transaction, who may do what.
 //! - `state_tables`: which relations the state tables are, who owns each,
 //!   and running statements as that owner.
-//! - `status`: the `pgticket.status` view and its shared-memory counters.
-//! - `loads`: rows loaded into the mark tables (a restore into a used
-//!   database) keep the higher mark.
-//! - `triggers`: `assign_scoped_id()` / `assign_ticket()`, per-row scopes.
-//! - `names`: `text` arguments as the database's bytes (any encoding).
+//! - `xact`: what an allocation asks of the transaction (writable, durable).
 //! - `quota`: how many scopes each role may create.
 //! - `rights`: which roles may allocate from which scopes (SPEC §16).
-//! - `xact`: what an allocation asks of the transaction (writable, durable).
-//! - `settings`: every `pg_ticket.*` setting, defined and checked once.
-//! - `errors`: every error pg_ticket raises, with its SQLSTATE.
+//!
+//! 3. Allocators.
+//! - `counters/`: scoped counters and blocks: the transaction's held marks,
+//!   savepoint undo, commit-time write-back, and the only table access.
+//! - `tickets/`: `next_ticket()`: the scope cache in shared memory and the
+//!   per-database workers that reserve its segments.
+//! - `snowflake/`: the shared-memory generator, its mark in WAL, the ID
+//!   space, self-leasing and sharded IDs; the layout and clock rules live in
+//!   the PostgreSQL-free `ticket-core` crate.
+//! - `leases/`: the machine-id registry (lease, renew, release, revoke);
+//!   its grants record the ID space in the generator's mark.
+//!
+//! 4. SQL surface: what wires allocators together for a caller.
+//! - `api`: the SQL-facing allocator functions (validate, call, convert).
+//! - `triggers`: `number_rows()` and its per-row scopes.
+//! - `loads`: rows loaded into the mark tables (a restore into a used
+//!   database) keep the higher mark.
+//! - `status`: the `pgticket.status` view.
+//! - `pg_tests`: the pgrx tests, run in a server by `make test-pgrx`.
+//! - this file: `_PG_init`, the start-up wiring.
 
 use pgrx::prelude::*;
 
 mod api;
+mod args;
+mod clock;
 mod counters;
 mod errors;
 mod leases;
 mod loads;
 mod names;
 mod quota;
+mod refusals;
 mod rights;
 mod settings;
 mod snowflake;
@@ -76,7 +98,7 @@ pub extern "C-unwind" fn _PG_init() {
     if preloaded.self_leasing {
         snowflake::register_lease_worker();
     }
-    status::init_shared_memory();
+    refusals::init_shared_memory();
 }
 
 #[cfg(any(test, feature = "pg_test"))]

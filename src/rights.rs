@@ -213,15 +213,15 @@ fn read_grants(table: pg_sys::Oid, role: pg_sys::Oid) -> Vec<ScopeGrant> {
 #[pg_extern(stable, parallel_restricted, schema = "pgticket")]
 fn may_allocate(kind: Option<&str>, queue: Option<Name<'_>>, domain: Option<Name<'_>>) -> bool {
     crate::errors::postgres_errors_as_raised(|| {
-        let kind = crate::api::required("kind", kind);
-        let queue = crate::api::required("queue", queue);
+        let kind = crate::args::required("kind", kind);
+        let queue = crate::args::required("queue", queue);
         let right = match kind {
             "scoped_id" | "ticket" => RightKind::Scope,
             "block" => RightKind::Block,
             other => TicketError::InvalidArgument(format!("kind is 'scoped_id', 'ticket' or 'block', not {other:?}")).raise(),
         };
         let domain = match (right, domain) {
-            (RightKind::Scope, domain) => crate::api::required("domain", domain),
+            (RightKind::Scope, domain) => crate::args::required("domain", domain),
             (RightKind::Block, None) => Name(b""),
             // A block name has no domain: one given is a mistake (the
             // answer would not be about it).

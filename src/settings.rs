@@ -34,6 +34,8 @@ static MAX_BLOCK_SIZE: GucSetting<i32> = GucSetting::<i32>::new(1_000_000_000);
 static SCOPE_RIGHTS: GucSetting<bool> = GucSetting::<bool>::new(false);
 static SHARDS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
 static MAX_SCOPES_PER_ROLE: GucSetting<i32> = GucSetting::<i32>::new(1_000_000);
+/// The most ticket workers a server can have: the slots of shared memory.
+pub const MOST_TICKET_WORKERS: usize = 32;
 static MAX_TICKET_WORKERS: GucSetting<i32> = GucSetting::<i32>::new(4);
 static TICKET_CACHE_SCOPES: GucSetting<i32> = GucSetting::<i32>::new(1024);
 static TICKET_STEP_MIN: GucSetting<i32> = GucSetting::<i32>::new(100);
@@ -288,7 +290,7 @@ pub fn init() -> Option<Preloaded> {
         c"Keep max_worker_processes at least max_parallel_workers plus this plus what other extensions use.",
         &MAX_TICKET_WORKERS,
         1,
-        crate::tickets::MAX_WORKERS as i32,
+        MOST_TICKET_WORKERS as i32,
         GucContext::Sighup,
         GucFlags::default(),
     );

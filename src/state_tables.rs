@@ -51,6 +51,9 @@ thread_local! {
     /// owner, `as_owner_of`): a row trigger tells our writes from a load's.
     static OWN_STATEMENTS: Cell<u32> = const { Cell::new(0) };
     static CACHE: Cell<Option<Tables>> = const { Cell::new(None) };
+    /// `CACHE` holds tables: `generation()` asks this instead of copying
+    /// them out (it runs in every `snowflake_id()`).
+    static CACHED: Cell<bool> = const { Cell::new(false) };
     static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
     /// Counts the cache's invalidations: what was checked against the
     /// tables at one generation is checked again at the next.
@@ -60,7 +63,9 @@ thread_local! {
 /// The tables' generation: it moves at every invalidation of any of them
 /// (in this session or any other), and whenever the cache was empty.
 pub fn generation() -> u64 {
-    lookup();
+    if !CACHED.get() {
+        lookup();
+    }
     GENERATION.get()
 }
 
@@ -154,6 +159,7 @@ pub fn lookup() -> Option<Tables> {
     })
     .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot look up the state tables: {e}"));
     CACHE.set(found);
+    CACHED.set(found.is_some());
     GENERATION.set(GENERATION.get() + 1);
     found
 }
@@ -246,6 +252,7 @@ unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid:
         let incomplete = ours.iter().any(Option::is_none);
         if incomplete || relid == pg_sys::InvalidOid || ours.iter().flatten().any(|table| table.oid == relid) {
             CACHE.set(None);
+            CACHED.set(false);
             GENERATION.set(GENERATION.get() + 1);
         }
     }

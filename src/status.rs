@@ -2,66 +2,19 @@
 //! started — the snowflake identity and clock, and counts of refusals and
 //! waits — for monitoring.
 //!
-//! Shared memory: one struct of atomic counters (relaxed increments, no
-//! lock; a reader may see one counter a moment ahead of another). The
-//! snowflake waits are counted by the generator itself
-//! (`ticket_core::snowflake::Activity`). A crash restart reinitialises shared
-//! memory, so "since start" means since the last start or crash restart.
+//! It reads counters kept elsewhere: refusals and ticket waits in
+//! `refusals` (where `errors` counts them), the snowflake waits in the
+//! generator itself (`ticket_core::snowflake::Activity`).
 
 use pgrx::prelude::*;
-use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
-use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::clock::{now_unix_ms, timestamptz_of_unix_ms as timestamp};
 use crate::errors::{postgres_errors_as_raised, TicketError};
+use crate::refusals;
 use crate::settings::{self, MachineId};
-use crate::snowflake::{self, now_unix_ms, timestamptz_of_unix_ms as timestamp};
-use ticket_core::counter::CounterError;
-use ticket_core::snowflake::{SnowflakeError, MAX_TIMESTAMP_MS};
-use ticket_core::tickets::TicketsError;
-
-#[derive(Default)]
-pub struct Counters {
-    refusals_clock_behind: AtomicU64,
-    refusals_overflow: AtomicU64,
-    refusals_read_only: AtomicU64,
-    waits_ticket_refill: AtomicU64,
-    /// Unix ms of the last reset (0: none since start).
-    reset_at: AtomicI64,
-}
-
-// Atomics only: valid in shared memory across processes.
-unsafe impl PGRXSharedMemory for Counters {}
-
-static COUNTERS: PgAtomic<Counters> = unsafe { PgAtomic::new(c"pg_ticket_status") };
-
-pub fn init_shared_memory() {
-    pg_shmem_init!(COUNTERS);
-}
-
-/// Count a refusal about to be raised (only where the counters exist).
-pub fn count_refusal(error: &TicketError) {
-    if !settings::preloaded() {
-        return;
-    }
-    if let TicketError::InScope { error, .. } = error {
-        return count_refusal(error);
-    }
-    let c = COUNTERS.get();
-    let counter = match error {
-        TicketError::Snowflake(SnowflakeError::ClockBehind { .. }) => &c.refusals_clock_behind,
-        TicketError::Counter(CounterError::Overflow { .. }) | TicketError::Tickets(TicketsError::Overflow { .. }) => {
-            &c.refusals_overflow
-        }
-        TicketError::ReadOnly { .. } => &c.refusals_read_only,
-        _ => return,
-    };
-    counter.fetch_add(1, Ordering::Relaxed);
-}
-
-/// Count a `next_ticket()` caller that had to wait for a segment.
-pub fn count_ticket_wait() {
-    COUNTERS.get().waits_ticket_refill.fetch_add(1, Ordering::Relaxed);
-}
+use crate::snowflake;
+use ticket_core::snowflake::MAX_TIMESTAMP_MS;
 
 const MS_PER_YEAR: f64 = 365.25 * 86_400_000.0;
 
@@ -90,12 +43,11 @@ fn ticket_status() -> TableIterator<
     ),
 > {
     postgres_errors_as_raised(|| {
-        if !settings::preloaded() {
+        let Some(c) = refusals::counters() else {
             return TableIterator::once((false, None, None, None, None, None, None, None, None, None, None, None, None, None, None));
-        }
+        };
         let epoch = settings::epoch_unix_ms();
         let activity = snowflake::activity();
-        let c = COUNTERS.get();
         let count = |a: &AtomicU64| Some(a.load(Ordering::Relaxed) as i64);
         let since_epoch = now_unix_ms() - epoch;
         let reset_at = c.reset_at.load(Ordering::Relaxed);
@@ -144,10 +96,9 @@ fn ticket_machine_id_source() -> Option<&'static str> {
 #[pg_extern(name = "reset_status", volatile, parallel_unsafe, schema = "pgticket")]
 fn reset_ticket_status() {
     postgres_errors_as_raised(|| {
-        if !settings::preloaded() {
+        let Some(c) = refusals::counters() else {
             TicketError::NotPreloaded("pgticket.reset_status").raise();
-        }
-        let c = COUNTERS.get();
+        };
         for counter in [&c.refusals_clock_behind, &c.refusals_overflow, &c.refusals_read_only, &c.waits_ticket_refill] {
             counter.store(0, Ordering::Relaxed);
         }

@@ -17,11 +17,11 @@ pub use registry::{check_own_id_unleased, merge_loaded};
 use pgrx::datum::Interval;
 use pgrx::prelude::*;
 
-use crate::api::{name_arg, required};
+use crate::args::{name_arg, required};
 use crate::errors::{postgres_errors_as_raised, OrRaise, TicketError};
 use ticket_core::leases;
 use crate::names::Name;
-use crate::snowflake::timestamptz_or_error;
+use crate::clock::timestamptz_or_error;
 use ticket_core::snowflake::Layout;
 
 /// A ttl in ms; months count as 30 days (anything that long is refused).

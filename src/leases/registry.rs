@@ -41,7 +41,7 @@ use std::collections::HashMap;
 
 use crate::errors::TicketError;
 use crate::names::Name;
-use crate::snowflake::{now_unix_ms, timestamptz_or_error, unix_ms_of_timestamptz};
+use crate::clock::{now_unix_ms, timestamptz_or_error, unix_ms_of_timestamptz};
 use crate::{settings, xact};
 use ticket_core::leases::{self, CurrentLease, Grant, LastLease, LeaseError, SecretCheck};
 

@@ -152,12 +152,12 @@ fn raise_snowflake_mark(after: Option<TimestampWithTimeZone>) -> TimestampWithTi
             TicketError::NotPreloaded("pgticket.raise_snowflake_mark").raise();
         }
         crate::xact::check_writable().or_raise();
-        let after = crate::api::required("after", after);
-        let now_unix_ms = super::now_unix_ms();
+        let after = crate::args::required("after", after);
+        let now_unix_ms = crate::clock::now_unix_ms();
         if !after.is_finite() {
             TicketError::InfiniteTime.raise();
         }
-        let after_unix_ms = super::unix_ms_of_timestamptz(after);
+        let after_unix_ms = crate::clock::unix_ms_of_timestamptz(after);
         if after_unix_ms > now_unix_ms.saturating_add(MAX_VOUCH_AHEAD_MS) {
             TicketError::InvalidArgument(format!(
                 "after is more than a day ahead of this server's clock ({}): a mark that far ahead stops every snowflake until then; give the time past the old server's last ID",
@@ -179,7 +179,7 @@ fn raise_snowflake_mark(after: Option<TimestampWithTimeZone>) -> TimestampWithTi
         RESTORE_HOLD.get().0.store(CLEAR, std::sync::atomic::Ordering::Release);
         let mark_unix_ms = epoch + mark_ms as i64;
         pgrx::log!("pg_ticket: raise_snowflake_mark() raised the snowflake mark to {mark_unix_ms} Unix ms");
-        super::timestamptz_or_error(mark_unix_ms)
+        crate::clock::timestamptz_or_error(mark_unix_ms)
     })
 }
 

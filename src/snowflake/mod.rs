@@ -18,12 +18,12 @@
 //! mark write) goes through `SystemClock::pause`, which sleeps or yields and
 //! checks for interrupts, so cancel, statement_timeout and terminate work.
 
+use crate::clock::now_unix_ms;
 use crate::errors::{OrRaise, TicketError};
 use crate::settings::{self, MachineId};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
-use std::time::{SystemTime, UNIX_EPOCH};
 use ticket_core::snowflake::{self as layout, Clock, SharedState};
 
 mod history;
@@ -116,35 +116,6 @@ fn raise_floor(floor_unix_ms: i64) {
 /// The last timestamp issued (Unix ms), if any.
 fn last_stamp_unix_ms() -> Option<i64> {
     GENERATOR.get().0.last_millis().map(|ms| settings::epoch_unix_ms() + ms as i64)
-}
-
-/// The wall clock in Unix ms: CLOCK_REALTIME through the vDSO, no system
-/// call. Before 1970 (a badly set clock) it is negative.
-#[inline]
-pub fn now_unix_ms() -> i64 {
-    match SystemTime::now().duration_since(UNIX_EPOCH) {
-        Ok(d) => d.as_millis() as i64,
-        Err(e) => -(e.duration().as_millis() as i64),
-    }
-}
-
-/// PostgreSQL timestamps count microseconds from 2000-01-01.
-const PG_EPOCH_UNIX_MS: i64 = 946_684_800_000;
-
-/// Unix ms as a timestamptz (None if PostgreSQL cannot represent it).
-pub fn timestamptz_of_unix_ms(unix_ms: i64) -> Option<TimestampWithTimeZone> {
-    TimestampWithTimeZone::try_from((unix_ms - PG_EPOCH_UNIX_MS) * 1000).ok()
-}
-
-/// Unix ms as a timestamptz, or an error for a time PostgreSQL cannot hold.
-pub fn timestamptz_or_error(unix_ms: i64) -> TimestampWithTimeZone {
-    timestamptz_of_unix_ms(unix_ms).unwrap_or_else(|| pgrx::error!("pg_ticket: cannot represent {unix_ms} ms as a timestamp"))
-}
-
-/// The millisecond (rounded down) of a finite timestamptz, in Unix ms.
-pub fn unix_ms_of_timestamptz(at: TimestampWithTimeZone) -> i64 {
-    let micros_since_2000: i64 = at.into_inner();
-    micros_since_2000.div_euclid(1000) + PG_EPOCH_UNIX_MS
 }
 
 /// Marks this process as the mark's writer while a write is under way, so
@@ -246,7 +217,10 @@ impl Clock for SystemClock {
     }
 }
 
-pub fn next_id() -> i64 {
+/// The next ID. `own_id_unleased` checks a fixed machine id against the
+/// leases this database's registry serves (SPEC §17.4): the registry's
+/// table is `leases`', a layer above, so the SQL surface passes its check in.
+pub fn next_id(own_id_unleased: impl FnOnce(u16) -> Result<(), TicketError>) -> i64 {
     if !settings::preloaded() {
         TicketError::NotPreloaded("snowflake_id").raise();
     }
@@ -255,7 +229,7 @@ pub fn next_id() -> i64 {
     history::check().or_raise();
     let issued: Result<i64, TicketError> = match settings::machine_id() {
         MachineId::Fixed(id) => {
-            crate::leases::check_own_id_unleased(id).or_raise();
+            own_id_unleased(id).or_raise();
             issue(&SystemClock, id, i64::MAX).map_err(TicketError::from)
         }
         MachineId::Leased => lease::next_id(|clock, id, stamp_cap_unix_ms| issue(clock, id, stamp_cap_unix_ms)).map_err(TicketError::from),

@@ -15,7 +15,7 @@ use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 use ticket_core::sharded::{self as layout, Server, ShardTable, MAX_SHARD};
 
 use super::{wal, SystemClock, GENERATOR};
-use crate::api::required;
+use crate::args::required;
 use crate::errors::{postgres_errors_as_raised, OrRaise, TicketError};
 use crate::names::Name;
 use crate::settings;
@@ -116,7 +116,7 @@ fn sharded_decode(
     postgres_errors_as_raised(|| {
         let epoch = super::epoch_for("sharded_decode");
         let parts = layout::decompose(required("id", id)).or_raise();
-        TableIterator::once((super::timestamptz_or_error(epoch + parts.millis as i64), i32::from(parts.shard), i32::from(parts.sequence)))
+        TableIterator::once((crate::clock::timestamptz_or_error(epoch + parts.millis as i64), i32::from(parts.shard), i32::from(parts.sequence)))
     })
 }
 
@@ -125,7 +125,7 @@ fn sharded_decode(
 fn sharded_min_id(at: Option<TimestampWithTimeZone>) -> i64 {
     postgres_errors_as_raised(|| {
         let epoch = super::epoch_for("sharded_min_id");
-        layout::id_range_of_millisecond(crate::api::unix_ms_of(at), epoch).or_raise().0
+        layout::id_range_of_millisecond(crate::args::unix_ms_of(at), epoch).or_raise().0
     })
 }
 
@@ -134,7 +134,7 @@ fn sharded_min_id(at: Option<TimestampWithTimeZone>) -> i64 {
 fn sharded_max_id(at: Option<TimestampWithTimeZone>) -> i64 {
     postgres_errors_as_raised(|| {
         let epoch = super::epoch_for("sharded_max_id");
-        layout::id_range_of_millisecond(crate::api::unix_ms_of(at), epoch).or_raise().1
+        layout::id_range_of_millisecond(crate::args::unix_ms_of(at), epoch).or_raise().1
     })
 }
 

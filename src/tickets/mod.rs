@@ -17,7 +17,6 @@
 mod shmem;
 mod worker;
 
-pub use shmem::MAX_WORKERS;
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
@@ -27,7 +26,7 @@ use std::hash::{Hash, Hasher};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use crate::api::{required, scope_args};
+use crate::args::{required, scope_args};
 use crate::errors::{postgres_errors_as_raised, OrRaise, TicketError};
 use crate::names::Name;
 use crate::{settings, state_tables, xact};
@@ -322,7 +321,7 @@ fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
                 // A new row would be this role's: checked and counted for it.
                 g.set_creator();
                 drop(g);
-                crate::status::count_ticket_wait();
+                crate::refusals::count_ticket_wait();
                 let _queued = worker::request(scope.db, i).or_raise();
                 let deadline = *deadline.get_or_insert_with(|| Instant::now() + settings::ticket_wait_timeout());
                 wait_for_segment(i, generation, scope.db, deadline, queue, domain);

@@ -41,8 +41,9 @@ use ticket_core::tickets::Cache;
 
 /// queue (≤ 255 bytes), NUL, domain (≤ 255 bytes).
 pub const KEY_MAX: usize = 511;
-/// Databases served at once, one worker each.
-pub const MAX_WORKERS: usize = 32;
+/// Databases served at once, one worker each (`pg_ticket.max_ticket_workers`
+/// at most this).
+pub use crate::settings::MOST_TICKET_WORKERS as MAX_WORKERS;
 /// Databases that can wait in line for a ticket worker at once; one more
 /// is refused (55000) rather than left to wait without a bound.
 pub const WAITING_MAX: usize = 256;

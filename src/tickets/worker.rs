@@ -415,7 +415,7 @@ const BUSY_PASS: Duration = Duration::from_millis(50);
 /// Put each reservation in its slot (if the slot still holds the scope it
 /// was asked for) and wake the waiters.
 fn install(requests: &[Wanted], results: Vec<Reserved>, (min, max): (i64, i64)) {
-    let now = crate::snowflake::now_unix_ms();
+    let now = crate::clock::now_unix_ms();
     let mut held_back = None;
     for (request, reserved) in requests.iter().zip(results) {
         if let (Reserved::Segment(segment), true) = (reserved, settings::test_reorder_ticket_installs()) {
