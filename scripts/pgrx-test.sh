@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The #[pg_test] tier on one PostgreSQL major version (15, 16 or 18; default 15).
+# The #[pg_test] tier on one PostgreSQL major version (15, 16, 17 or 18; default 15).
 # As root, cargo pgrx test must run the cluster as the `postgres` user
 # (PostgreSQL refuses root), in a pgdata that user can write.
 set -euo pipefail

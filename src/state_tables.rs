@@ -54,6 +54,9 @@ thread_local! {
     /// `CACHE` holds tables: `generation()` asks this instead of copying
     /// them out (it runs in every `snowflake_id()`).
     static CACHED: Cell<bool> = const { Cell::new(false) };
+    /// Relcache invalidations that arrived while `lookup()`'s own query ran
+    /// (the cache was empty, so they could not be matched to our tables).
+    static MISSED_WHILE_LOOKING: Cell<Option<u32>> = const { Cell::new(None) };
     static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
     /// Counts the cache's invalidations: what was checked against the
     /// tables at one generation is checked again at the next.
@@ -107,6 +110,7 @@ pub fn lookup() -> Option<Tables> {
     if !CALLBACK_REGISTERED.replace(true) {
         unsafe { pg_sys::CacheRegisterRelcacheCallback(Some(on_relcache_invalidation), pg_sys::Datum::from(0)) };
     }
+    MISSED_WHILE_LOOKING.set(Some(0));
     // Read-only, so it also runs on a hot standby; the catalogs are readable
     // by every role; names and operators qualified, so no search_path can
     // redirect it.
@@ -157,9 +161,18 @@ pub fn lookup() -> Option<Tables> {
             _ => None,
         })
     })
-    .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot look up the state tables: {e}"));
-    CACHE.set(found);
-    CACHED.set(found.is_some());
+    .unwrap_or_else(|e| {
+        MISSED_WHILE_LOOKING.set(None);
+        pgrx::error!("pg_ticket: cannot look up the state tables: {e}")
+    });
+    // An invalidation that arrived during the query may be of one of these
+    // tables (a row of id_space or machine_id_leases changed by another
+    // session's commit): what is checked against them now may predate it,
+    // so nothing is cached and the next call looks again (#35 review).
+    let missed = MISSED_WHILE_LOOKING.replace(None).unwrap_or(0) > 0;
+    let kept = if missed { None } else { found };
+    CACHE.set(kept);
+    CACHED.set(kept.is_some());
     GENERATION.set(GENERATION.get() + 1);
     found
 }
@@ -245,6 +258,9 @@ fn check_trigger(table: Table, name: &str, tgtype: u32, events: &str, level: &st
 
 unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     // InvalidOid: every relation (a cache reset).
+    if let Some(n) = MISSED_WHILE_LOOKING.get() {
+        MISSED_WHILE_LOOKING.set(Some(n + 1));
+    }
     if let Some(t) = CACHE.get() {
         let ours = [Some(t.scoped_counters), Some(t.blocks), t.tickets, t.machine_id_leases, t.id_space, t.scope_quota, t.rights];
         // A table found missing may come back (renamed back, re-added to
