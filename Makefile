@@ -97,6 +97,7 @@ dist:
 
 bench: setup
 	$(MAKE) install PROFILE=release
+	cargo build --release -p ticket-client --example leased_ids
 	scripts/bench.sh
 	python3 -m venv target/bench/venv && target/bench/venv/bin/pip install -q matplotlib
 	target/bench/venv/bin/python scripts/bench-publish.py target/bench/report.md --commit $$(git rev-parse --short HEAD)

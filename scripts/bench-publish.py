@@ -93,6 +93,10 @@ def summarize(report: str) -> list[Row]:
     if m:
         rows.append(Row("`snowflake_id()`, a leased machine id", "the fixed id, same run",
                         f"{fmt(number(m.group(2)) / 1e6)} M IDs/s", number(m.group(3)), "× the rate", 0.99, True))
+    m = find(r"The leased client generator .*?: (\d+) IDs/s = ([\d.]+)% of the layout's cap", report)
+    if m:
+        rows.append(Row("the leased client generator (ticket-client), one thread", "the layout's cap, 4 096 000 IDs/s",
+                        f"{fmt(number(m.group(1)) / 1e6)} M IDs/s", number(m.group(2)), "% of the cap", 95.0, True))
     m = find(r"sharded_id\(1\) × 2M in one backend: ([\d.]+) ms = (\d+) IDs/s = ([\d.]+)%", report)
     if m:
         rows.append(Row("`sharded_id()`, one shard", "one shard's cap, 1 024 000 IDs/s",
@@ -151,6 +155,11 @@ def summarize(report: str) -> list[Row]:
         alone_p99 = number(workers_alone[0].strip("|").split("|")[2])
         rows.append(Row("a fifth database's `next_ticket()` p99 beside four busy ones", "the fifth alone",
                         f"{beside[2]} ms", number(beside[2]) / alone_p99, "× the p99", None, False))
+    for bits in ("10", "16"):
+        cells = table_row(report, [bits])
+        if cells and len(cells) == 9:
+            rows.append(Row(f"`snowflake_id()` at {bits} machine bits: CPU while at full speed", "one core, same wall time",
+                            f"{cells[7]} µs CPU per ID", number(cells[8]), "× a core", None, False))
     return rows
 
 

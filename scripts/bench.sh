@@ -83,6 +83,16 @@ for _ in $(seq 1 150); do
     sleep 0.2
 done
 in_backend snowflake_leased "$(calls 'snowflake_id()' 2000000)"
+# The application's leased generator (ticket-client, one thread; the
+# release build of its leased_ids example, `make bench` builds it), leasing
+# from the same registry: IDs in one second, median of 3 runs.
+client_runs=""
+for _ in 1 2 3; do
+    client_runs+="$("$root/target/release/examples/leased_ids" "host=$dir port=$port user=postgres dbname=postgres" |
+        sed -n 's/^\([0-9]*\) IDs in one second.*/\1/p')"$'\n'
+done
+client_rate=$(printf '%s' "$client_runs" | median)
+echo "  client generator: $client_rate IDs/s (median of 3)" >&2
 psql -c "ALTER SYSTEM RESET pg_ticket.machine_id" -c "ALTER SYSTEM RESET pg_ticket.lease_ids" -c "ALTER SYSTEM RESET pg_ticket.registry"
 restart
 for n in 10000 100000 1000000; do
@@ -220,6 +230,7 @@ cost() { awk -v off="$1" -v on="$2" 'BEGIN { printf "%+.1f%%", 100 * (on - off) 
     echo "snowflake_id(): $(rate 2000000 "${ms[snowflake]}") IDs/s = $(awk -v r="$(rate 2000000 "${ms[snowflake]}")" 'BEGIN {printf "%.1f", 100 * r / 4096000}')% of the layout's cap (4 096 000/s);"
     echo "the milliseconds its IDs span are ${fill}% full (4 096 IDs each = 100%)."
     echo "With a leased machine id (\`pg_ticket.machine_id = -1\`): ${ms[snowflake_leased]} ms for 2M = $(rate 2000000 "${ms[snowflake_leased]}") IDs/s, $(ratio "${ms[snowflake]}" "${ms[snowflake_leased]}")× the fixed id's rate."
+    echo "The leased client generator (ticket-client, one thread, \`leased_ids\` example, median of 3 one-second runs): $client_rate IDs/s = $(awk -v r="$client_rate" 'BEGIN {printf "%.1f", 100 * r / 4096000}')% of the layout's cap."
     echo
     echo "sharded_id(1) × 2M in one backend: ${ms[sharded]} ms = $(rate 2000000 "${ms[sharded]}") IDs/s = $(awk -v r="$(rate 2000000 "${ms[sharded]}")" 'BEGIN {printf "%.1f", 100 * r / 1024000}')% of one shard's cap (1 024 000/s; bar ≥ 95%)."
     echo
@@ -279,3 +290,4 @@ cost() { awk -v off="$1" -v on="$2" 'BEGIN { printf "%+.1f%%", 100 * (on - off) 
 trap - EXIT
 "$root/scripts/bench-directory.sh" | tee -a "$report"
 "$root/scripts/bench-victims.sh" | tee -a "$report"
+"$root/scripts/bench-cpu.sh" | tee -a "$report"

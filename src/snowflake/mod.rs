@@ -208,12 +208,17 @@ impl Clock for SystemClock {
 
     fn pause(&self, millis: u64) {
         pgrx::check_for_interrupts!();
-        if millis <= 1 {
-            // The next millisecond is near: yielding beats a sleep's wake-up latency.
+        if millis == 0 {
             std::thread::yield_now();
         } else {
             std::thread::sleep(std::time::Duration::from_millis(millis));
         }
+    }
+
+    fn pause_until(&self, unix_ms: i64) {
+        layout::sleep_until_unix_ms(unix_ms, || {
+            pgrx::check_for_interrupts!();
+        });
     }
 }
 

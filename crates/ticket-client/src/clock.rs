@@ -36,6 +36,9 @@ impl Clock for WallClock {
             std::thread::sleep(std::time::Duration::from_millis(millis));
         }
     }
+    fn pause_until(&self, unix_ms: i64) {
+        ticket_core::snowflake::sleep_until_unix_ms(unix_ms, || ())
+    }
 }
 
 /// A wall-clock reading taken between two boot-clock readings, so that a
@@ -101,5 +104,10 @@ impl<C: Clock> Clock for CheckedWall<'_, C> {
     }
     fn sleep(&self, millis: u64) {
         self.inner.sleep(millis)
+    }
+    // The inner clock reads the time for its own wait: the reading the
+    // generator stamps after it is the next `now_unix_ms`, kept above.
+    fn pause_until(&self, unix_ms: i64) {
+        self.inner.pause_until(unix_ms)
     }
 }

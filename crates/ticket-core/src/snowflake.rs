@@ -284,6 +284,55 @@ pub trait Clock {
     fn sleep(&self, millis: u64) {
         self.pause(millis)
     }
+    /// Wait for the millisecond `unix_ms` to begin: the generator's wait
+    /// for its next millisecond, which the generator bounds (at most
+    /// `RESERVE_AHEAD_MS + MAX_BACKWARD_WAIT_MS` ahead). This default pauses
+    /// the whole milliseconds left; the real clocks sleep until just before
+    /// it begins ([`sleep_until_unix_ms`]).
+    fn pause_until(&self, unix_ms: i64) {
+        self.pause(unix_ms.saturating_sub(self.now_unix_ms()).max(1) as u64)
+    }
+}
+
+/// How near a millisecond's start a real clock stops sleeping and yields
+/// instead: Linux wakes a sleeper up to its timer slack (50 µs by default)
+/// late, which would be lost from the millisecond.
+const YIELD_WITHIN_NS: i128 = 80_000;
+
+fn wall_ns() -> i128 {
+    match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        Ok(d) => d.as_nanos() as i128,
+        Err(e) => -(e.duration().as_nanos() as i128),
+    }
+}
+
+/// Wait until the wall clock reaches `unix_ms`: asleep until just short of
+/// it, then yielding, so a generator whose millisecond is full spends the
+/// rest of it asleep instead of spinning through it (#36 item 4: at 16
+/// machine bits a millisecond holds 64 IDs, made in a few µs). Bounded by
+/// the first reading: a wall clock stepped back meanwhile ends the wait
+/// when that much monotonic time has passed, and the caller reads the
+/// clock again. `each_turn` runs before every sleep or yield (the server
+/// checks for interrupts there).
+pub fn sleep_until_unix_ms(unix_ms: i64, mut each_turn: impl FnMut()) {
+    let target_ns = i128::from(unix_ms) * 1_000_000;
+    let first_left_ns = target_ns - wall_ns();
+    if first_left_ns <= 0 {
+        return;
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_nanos(first_left_ns as u64);
+    loop {
+        let left_ns = (target_ns - wall_ns()).min(deadline.saturating_duration_since(std::time::Instant::now()).as_nanos() as i128);
+        if left_ns <= 0 {
+            return;
+        }
+        each_turn();
+        if left_ns > YIELD_WITHIN_NS {
+            std::thread::sleep(std::time::Duration::from_nanos((left_ns - YIELD_WITHIN_NS) as u64));
+        } else {
+            std::thread::yield_now();
+        }
+    }
 }
 
 /// Where the reserved mark survives a restart (a file in the data directory
@@ -617,7 +666,7 @@ pub fn next_id(
                     &shared.waits_full_millisecond
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
-                clock.pause(target_ms.saturating_sub(now_ms).max(1))
+                clock.pause_until(epoch_unix_ms.saturating_add(target_ms as i64))
             }
             Step::Refuse { behind_ms } => return Err(SnowflakeError::ClockBehind { behind_ms, allowed_ms: max_wait_ms }),
         }
@@ -1273,5 +1322,48 @@ pub(crate) mod tests {
         all.sort_unstable();
         all.dedup();
         assert_eq!(all.len(), 80_000);
+    }
+
+    /// #36 item 4: a full millisecond is waited out with one wait until the
+    /// next one begins (the real clocks sleep through it), never a pause
+    /// per retry.
+    #[test]
+    fn a_full_millisecond_is_waited_out_until_the_next_one_begins() {
+        struct Recording {
+            now: std::cell::Cell<i64>,
+            waited_until: std::cell::RefCell<Vec<i64>>,
+        }
+        impl Clock for Recording {
+            fn now_unix_ms(&self) -> i64 {
+                self.now.get()
+            }
+            fn pause(&self, millis: u64) {
+                panic!("the generator paused {millis} ms instead of waiting for a millisecond to begin");
+            }
+            fn pause_until(&self, unix_ms: i64) {
+                self.waited_until.borrow_mut().push(unix_ms);
+                self.now.set(unix_ms);
+            }
+        }
+        let layout = Layout::new(16).unwrap();
+        let per_ms = 1 << (22 - 16);
+        let clock = Recording { now: std::cell::Cell::new(EPOCH + 2_000), waited_until: Default::default() };
+        let state = SharedState::starting_after(0, EPOCH);
+        let ids: Vec<i64> = (0..per_ms * 3).map(|_| next_id(&state, &clock, &NoStore, EPOCH, layout, 9, i64::MAX).unwrap()).collect();
+        assert_eq!(*clock.waited_until.borrow(), vec![EPOCH + 2_001, EPOCH + 2_002], "one wait per full millisecond, until the next one's start");
+        assert!(ids.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(layout.decompose(ids[per_ms]).unwrap().millis, 2_001);
+    }
+
+    #[test]
+    fn sleeping_until_a_millisecond_returns_once_it_has_begun_and_not_before() {
+        let target = (wall_ns() / 1_000_000) as i64 + 3;
+        let mut turns = 0;
+        sleep_until_unix_ms(target, || turns += 1);
+        assert!(wall_ns() >= i128::from(target) * 1_000_000, "returned before the millisecond began");
+        assert!(turns >= 1, "each sleep or yield runs the caller's turn (the server's interrupt check)");
+        let mut past_turns = 0;
+        sleep_until_unix_ms(target - 10, || past_turns += 1);
+        assert_eq!(past_turns, 0, "a millisecond already begun is not waited for");
     }
 }
