@@ -59,6 +59,21 @@ struct Cache {
     roles: HashMap<pg_sys::Oid, RoleRights>,
     decided: usize,
     key: Vec<u8>,
+    /// The last decision (its role and key): a caller usually asks for the
+    /// same scope again, and this answers it without hashing (the hashes
+    /// of the maps above cost more than the rest of a call).
+    last_role: pg_sys::Oid,
+    last_key: Vec<u8>,
+    last_answer: Option<bool>,
+}
+
+/// The memo key of `(kind, queue, domain)`, written into `key`.
+fn write_key(key: &mut Vec<u8>, kind: RightKind, queue: &[u8], domain: &[u8]) {
+    key.clear();
+    key.push(kind as u8);
+    key.extend_from_slice(queue);
+    key.push(0);
+    key.extend_from_slice(domain);
 }
 
 thread_local! {
@@ -99,13 +114,19 @@ fn allowed(role: pg_sys::Oid, kind: RightKind, queue: &[u8], domain: &[u8]) -> b
     }
     let generation = state_tables::generation();
     let role_changes = ROLE_CHANGES.get();
-    let known = CACHE.with(|c| {
+    let (known, remembered) = CACHE.with(|c| {
         let mut c = c.borrow_mut();
+        let c = &mut *c;
         if c.generation != generation || c.role_changes != role_changes {
             c.roles.clear();
             c.decided = 0;
             c.generation = generation;
             c.role_changes = role_changes;
+            c.last_answer = None;
+        }
+        write_key(&mut c.key, kind, queue, domain);
+        if let Some(answer) = c.last_answer.filter(|_| c.last_role == role && c.last_key == c.key) {
+            return (true, Some(answer));
         }
         let known = c.roles.contains_key(&role);
         if !known && c.roles.len() >= MAX_ROLES {
@@ -113,8 +134,11 @@ fn allowed(role: pg_sys::Oid, kind: RightKind, queue: &[u8], domain: &[u8]) -> b
             let decided = c.roles.remove(&evicted).map_or(0, |r| r.decided.len());
             c.decided -= decided;
         }
-        known
+        (known, None)
     });
+    if let Some(answer) = remembered {
+        return answer;
+    }
     if !known {
         // Read outside the borrow: an invalidation may arrive meanwhile.
         let rights = read(role);
@@ -127,27 +151,27 @@ fn allowed(role: pg_sys::Oid, kind: RightKind, queue: &[u8], domain: &[u8]) -> b
     }
     CACHE.with(|c| {
         let mut c = c.borrow_mut();
-        let Cache { roles, key, decided, .. } = &mut *c;
+        let Cache { roles, key, decided, last_role, last_key, last_answer, .. } = &mut *c;
         let Some(rights) = roles.get_mut(&role) else { return false };
-        if rights.bypass {
-            return true;
-        }
-        key.clear();
-        key.push(kind as u8);
-        key.extend_from_slice(queue);
-        key.push(0);
-        key.extend_from_slice(domain);
-        if let Some(&answer) = rights.decided.get(key.as_slice()) {
-            return answer;
-        }
-        let answer = rights.grants.covers(kind, queue, domain);
-        if *decided >= MAX_DECIDED {
-            roles.values_mut().for_each(|r| r.decided.clear());
-            *decided = 0;
-        }
-        let rights = roles.get_mut(&role).expect("just found");
-        rights.decided.insert(key.clone(), answer);
-        *decided += 1;
+        write_key(key, kind, queue, domain);
+        let answer = if rights.bypass {
+            true
+        } else if let Some(&answer) = rights.decided.get(key.as_slice()) {
+            answer
+        } else {
+            let answer = rights.grants.covers(kind, queue, domain);
+            if *decided >= MAX_DECIDED {
+                roles.values_mut().for_each(|r| r.decided.clear());
+                *decided = 0;
+            }
+            let rights = roles.get_mut(&role).expect("just found");
+            rights.decided.insert(key.clone(), answer);
+            *decided += 1;
+            answer
+        };
+        *last_role = role;
+        last_key.clone_from(key);
+        *last_answer = Some(answer);
         answer
     })
 }

@@ -215,8 +215,8 @@ impl Clock for SystemClock {
         }
     }
 
-    fn pause_until(&self, unix_ms: i64) {
-        layout::sleep_until_unix_ms(unix_ms, || {
+    fn pause_until(&self, unix_ms: i64, at_most_ms: u64) {
+        layout::sleep_until_unix_ms(unix_ms, at_most_ms, || {
             pgrx::check_for_interrupts!();
         });
     }

@@ -36,8 +36,8 @@ impl Clock for WallClock {
             std::thread::sleep(std::time::Duration::from_millis(millis));
         }
     }
-    fn pause_until(&self, unix_ms: i64) {
-        ticket_core::snowflake::sleep_until_unix_ms(unix_ms, || ())
+    fn pause_until(&self, unix_ms: i64, at_most_ms: u64) {
+        ticket_core::snowflake::sleep_until_unix_ms(unix_ms, at_most_ms, || ())
     }
 }
 
@@ -107,7 +107,7 @@ impl<C: Clock> Clock for CheckedWall<'_, C> {
     }
     // The inner clock reads the time for its own wait: the reading the
     // generator stamps after it is the next `now_unix_ms`, kept above.
-    fn pause_until(&self, unix_ms: i64) {
-        self.inner.pause_until(unix_ms)
+    fn pause_until(&self, unix_ms: i64, at_most_ms: u64) {
+        self.inner.pause_until(unix_ms, at_most_ms)
     }
 }

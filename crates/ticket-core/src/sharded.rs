@@ -368,7 +368,9 @@ impl<C: Clock, M: MarkStore, B: ShardBook> Server<'_, C, M, B> {
                         return Ok(id_of(next, shard));
                     }
                 }
-                Step::WaitUntil(target_ms) => self.clock.pause_until(self.epoch_unix_ms.saturating_add(target_ms as i64)),
+                Step::WaitUntil(target_ms) => {
+                    self.clock.pause_until(self.epoch_unix_ms.saturating_add(target_ms as i64), target_ms.saturating_sub(now_ms).max(1))
+                }
                 Step::Refuse { behind_ms } => return Err(SnowflakeError::ClockBehind { behind_ms, allowed_ms: max_wait_ms }.into()),
             }
         }

@@ -284,13 +284,16 @@ pub trait Clock {
     fn sleep(&self, millis: u64) {
         self.pause(millis)
     }
-    /// Wait for the millisecond `unix_ms` to begin: the generator's wait
-    /// for its next millisecond, which the generator bounds (at most
-    /// `RESERVE_AHEAD_MS + MAX_BACKWARD_WAIT_MS` ahead). This default pauses
-    /// the whole milliseconds left; the real clocks sleep until just before
-    /// it begins ([`sleep_until_unix_ms`]).
-    fn pause_until(&self, unix_ms: i64) {
-        self.pause(unix_ms.saturating_sub(self.now_unix_ms()).max(1) as u64)
+    /// Wait for the millisecond `unix_ms` to begin, for at most
+    /// `at_most_ms` (what the caller's own clock reading left until it: a
+    /// wall clock stepped back after that reading must not stretch the
+    /// wait). The generator's wait for its next millisecond, never more
+    /// than `RESERVE_AHEAD_MS + MAX_BACKWARD_WAIT_MS + 1`. This default
+    /// pauses `at_most_ms`; the real clocks sleep until just before the
+    /// millisecond begins ([`sleep_until_unix_ms`]).
+    fn pause_until(&self, unix_ms: i64, at_most_ms: u64) {
+        let _ = unix_ms;
+        self.pause(at_most_ms)
     }
 }
 
@@ -306,17 +309,22 @@ fn wall_ns() -> i128 {
     }
 }
 
+/// The longest single sleep of a wait: `each_turn` (the server's interrupt
+/// check) runs at least this often.
+const SLEEP_SLICE_NS: i128 = 1_000_000;
+
 /// Wait until the wall clock reaches `unix_ms`: asleep until just short of
 /// it, then yielding, so a generator whose millisecond is full spends the
 /// rest of it asleep instead of spinning through it (#36 item 4: at 16
-/// machine bits a millisecond holds 64 IDs, made in a few µs). Bounded by
-/// the first reading: a wall clock stepped back meanwhile ends the wait
-/// when that much monotonic time has passed, and the caller reads the
-/// clock again. `each_turn` runs before every sleep or yield (the server
-/// checks for interrupts there).
-pub fn sleep_until_unix_ms(unix_ms: i64, mut each_turn: impl FnMut()) {
+/// machine bits a millisecond holds 64 IDs, made in a few µs). Never longer
+/// than `at_most_ms` of monotonic time (the caller's own reading's
+/// distance to the target), whatever the wall clock does meanwhile: a
+/// clock stepped back ends the wait early, and the caller reads the clock
+/// again. `each_turn` runs before every sleep or yield, at least once a
+/// millisecond (the server checks for interrupts there).
+pub fn sleep_until_unix_ms(unix_ms: i64, at_most_ms: u64, mut each_turn: impl FnMut()) {
     let target_ns = i128::from(unix_ms) * 1_000_000;
-    let first_left_ns = target_ns - wall_ns();
+    let first_left_ns = (target_ns - wall_ns()).min(i128::from(at_most_ms) * 1_000_000);
     if first_left_ns <= 0 {
         return;
     }
@@ -328,7 +336,7 @@ pub fn sleep_until_unix_ms(unix_ms: i64, mut each_turn: impl FnMut()) {
         }
         each_turn();
         if left_ns > YIELD_WITHIN_NS {
-            std::thread::sleep(std::time::Duration::from_nanos((left_ns - YIELD_WITHIN_NS) as u64));
+            std::thread::sleep(std::time::Duration::from_nanos((left_ns - YIELD_WITHIN_NS).min(SLEEP_SLICE_NS) as u64));
         } else {
             std::thread::yield_now();
         }
@@ -666,7 +674,7 @@ pub fn next_id(
                     &shared.waits_full_millisecond
                 };
                 counter.fetch_add(1, Ordering::Relaxed);
-                clock.pause_until(epoch_unix_ms.saturating_add(target_ms as i64))
+                clock.pause_until(epoch_unix_ms.saturating_add(target_ms as i64), target_ms.saturating_sub(now_ms).max(1))
             }
             Step::Refuse { behind_ms } => return Err(SnowflakeError::ClockBehind { behind_ms, allowed_ms: max_wait_ms }),
         }
@@ -1340,7 +1348,8 @@ pub(crate) mod tests {
             fn pause(&self, millis: u64) {
                 panic!("the generator paused {millis} ms instead of waiting for a millisecond to begin");
             }
-            fn pause_until(&self, unix_ms: i64) {
+            fn pause_until(&self, unix_ms: i64, at_most_ms: u64) {
+                assert_eq!(at_most_ms, (unix_ms - self.now.get()) as u64, "bounded by the generator's own reading");
                 self.waited_until.borrow_mut().push(unix_ms);
                 self.now.set(unix_ms);
             }
@@ -1359,11 +1368,16 @@ pub(crate) mod tests {
     fn sleeping_until_a_millisecond_returns_once_it_has_begun_and_not_before() {
         let target = (wall_ns() / 1_000_000) as i64 + 3;
         let mut turns = 0;
-        sleep_until_unix_ms(target, || turns += 1);
+        sleep_until_unix_ms(target, 10, || turns += 1);
         assert!(wall_ns() >= i128::from(target) * 1_000_000, "returned before the millisecond began");
         assert!(turns >= 1, "each sleep or yield runs the caller's turn (the server's interrupt check)");
         let mut past_turns = 0;
-        sleep_until_unix_ms(target - 10, || past_turns += 1);
+        sleep_until_unix_ms(target - 10, 10, || past_turns += 1);
         assert_eq!(past_turns, 0, "a millisecond already begun is not waited for");
+        // A target far ahead of the caller's own reading (a wall clock
+        // stepped back after it) is waited for no longer than the bound.
+        let started = std::time::Instant::now();
+        sleep_until_unix_ms(target + 3_600_000, 2, || ());
+        assert!(started.elapsed() < std::time::Duration::from_millis(1_000), "the bound held: {:?}", started.elapsed());
     }
 }
