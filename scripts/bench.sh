@@ -291,3 +291,4 @@ trap - EXIT
 "$root/scripts/bench-directory.sh" | tee -a "$report"
 "$root/scripts/bench-victims.sh" | tee -a "$report"
 "$root/scripts/bench-cpu.sh" | tee -a "$report"
+"$root/scripts/bench-linearity.sh" | tee -a "$report"
