@@ -155,7 +155,7 @@ def summarize(report: str) -> list[Row]:
         alone_p99 = number(workers_alone[0].strip("|").split("|")[2])
         rows.append(Row("a fifth database's `next_ticket()` p99 beside four busy ones", "the fifth alone",
                         f"{beside[2]} ms", number(beside[2]) / alone_p99, "× the p99", None, False))
-    for name in ("nextval()", "next_scoped_id()", "reserve_block(…, 1)", "next_ticket()", "snowflake_id()", "sharded_id()"):
+    for name in ("nextval()", "next_scoped_id()", "next_ticket()", "snowflake_id()", "sharded_id()"):
         cells = table_row(report, [name])
         if cells and len(cells) == 6:
             rows.append(Row(f"`{name}` cost per ID, 10M in one statement", "its own cost at 100k",
