@@ -10,6 +10,6 @@ cd "$root"
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -1)
 out="$root/target/dist/pg_ticket-$version.zip"
 mkdir -p "$(dirname "$out")"
-tree=$(git stash create)
+tree=$(git stash create 2>/dev/null || true) # no identity or nothing to snapshot: HEAD
 git archive --format=zip --prefix="pg_ticket-$version/" -o "$out" "${tree:-HEAD}"
 echo "dist: $out"
