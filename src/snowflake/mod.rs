@@ -13,10 +13,12 @@
 //! - `history`: which servers' IDs the mark stands for; a database whose
 //!   IDs it does not cover is refused (`pg_upgrade`, restores: SPEC §17.1).
 //!
-//! Shared memory: one `SharedState` of atomics, no LWLock. Every wait (a
-//! full millisecond, a clock step back of up to 10 ms, another backend's
-//! mark write) goes through `SystemClock::pause`, which sleeps or yields and
-//! checks for interrupts, so cancel, statement_timeout and terminate work.
+//! Shared memory: one `SharedState` of atomics, no LWLock. Every wait
+//! checks for interrupts, so cancel, statement_timeout and terminate work:
+//! a full millisecond or a clock step back of up to 10 ms goes through
+//! `SystemClock::pause_until` (sleeps of at most 1 ms, then yields, bounded
+//! by the generator's own reading); another backend's mark write through
+//! `pause` (a yield) and `sleep` (the latch, 1 ms at a time).
 
 use crate::clock::now_unix_ms;
 use crate::errors::{OrRaise, TicketError};
