@@ -8,6 +8,8 @@
 # release build installed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/bench-common.sh
+source "$root/scripts/bench-common.sh"
 dir=/tmp/pgt-bench-lin
 port=55462
 bindir=$("${PG_CONFIG:-/usr/lib/postgresql/15/bin/pg_config}" --bindir)
@@ -19,14 +21,8 @@ psql >/dev/null <<'SQL'
 CREATE EXTENSION pg_ticket;
 CREATE SEQUENCE lin_seq;
 SELECT pgticket.accept_shard(1, 0);
-CREATE FUNCTION bench_ms(statement text) RETURNS float8 LANGUAGE plpgsql AS $$
-DECLARE t0 timestamptz := clock_timestamp();
-BEGIN
-    EXECUTE statement;
-    RETURN extract(epoch FROM clock_timestamp() - t0) * 1000;
-END $$;
 SQL
-median() { sort -g | awk '{a[NR]=$1} END {if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+psql -c "$BENCH_MS_SQL" >/dev/null
 run=0
 ns_per_id() { # call N
     local samples=""

@@ -9,6 +9,8 @@
 # BENCH_SECONDS (default 5 per pgbench run).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=scripts/bench-common.sh
+source "$root/scripts/bench-common.sh"
 dir=/tmp/pgt-bench
 port=55461
 repeat=${BENCH_REPEAT:-5}
@@ -36,16 +38,9 @@ CREATE TABLE plain_blocks (name text PRIMARY KEY, mark bigint NOT NULL);
 INSERT INTO plain_blocks VALUES ('bench', 0);
 CREATE FUNCTION plain_reserve(n text, size bigint) RETURNS TABLE(first_id bigint, last_id bigint) LANGUAGE sql AS $$
     UPDATE plain_blocks SET mark = mark + size WHERE name = n RETURNING mark - size + 1, mark $$;
--- Wall time of one statement, in ms, measured inside the backend.
-CREATE FUNCTION bench_ms(statement text) RETURNS float8 LANGUAGE plpgsql AS $$
-DECLARE t0 timestamptz := clock_timestamp();
-BEGIN
-    EXECUTE statement;
-    RETURN extract(epoch FROM clock_timestamp() - t0) * 1000;
-END $$;
 SQL
+psql -c "$BENCH_MS_SQL" >/dev/null
 
-median() { sort -g | awk '{a[NR]=$1} END {if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 
 # in_backend NAME STATEMENT: median ms over $repeat runs; %RUN% becomes the run number.
 declare -A ms
