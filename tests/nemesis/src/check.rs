@@ -3,7 +3,8 @@
 //! - No snowflake twice in the whole fleet (servers, fixed and leased, and
 //!   the client processes' leased generators); no sharded ID twice either
 //!   (a shard handed from server to server, an old backup of its previous
-//!   owner started in that server's place).
+//!   owner started in that server's place); no machine id stamped, and no
+//!   shard issued, by two sources at once.
 //! - No ticket twice per scope within a life of its lineage's extension;
 //!   each lineage only its own series (odd / even), so the two never meet;
 //!   after a promotion, every ticket of a scope above every one before it.
@@ -39,6 +40,7 @@ pub fn check(events: &[Event], generators: &[ClientIds], pools: &[ClientIds], se
     snowflakes(events, generators, &mut found);
     sharded(events, &mut found);
     machine_ids_held_once(events, generators, &mut found);
+    shards_held_once(events, &mut found);
     tickets(events, series, &mut found);
     tickets_increase(events, &mut found);
     counters(events, &mut found);
@@ -125,28 +127,53 @@ fn machine_ids_held_once(events: &[Event], generators: &[ClientIds], found: &mut
         let list = by_source.entry(g.source.as_str()).or_default();
         list.extend(g.ids.iter().filter_map(|id| ticket_core::snowflake::Layout::DEFAULT.decompose(*id).ok()).map(|p| (p.millis, p.machine_id)));
     }
-    // (machine id, first ms, last ms, source)
+    held_once(by_source, "machine id", true, found);
+}
+
+/// The same for shards (0.4.0): two servers issuing one shard at once. A
+/// handover's new owner continues above the release point, which may be
+/// in the old owner's last millisecond, so only runs overlapping past a
+/// shared millisecond count. An old backup of a shard's previous owner
+/// started in its place and issuing the shard beside its new owner (#30
+/// item 1) is found here whether or not the two made the same ID.
+fn shards_held_once(events: &[Event], found: &mut Vec<Violation>) {
+    let mut by_source: BTreeMap<&str, Vec<(u64, u16)>> = BTreeMap::new();
+    for e in events {
+        if let Event::Sharded { source, ids, .. } = e {
+            let list = by_source.entry(source.as_str()).or_default();
+            list.extend(ids.iter().filter_map(|id| ticket_core::sharded::decompose(*id).ok()).map(|p| (p.millis, p.shard)));
+        }
+    }
+    held_once(by_source, "shard", false, found);
+}
+
+/// Runs of (ms, holder id) per source, cut at a change of id or a pause
+/// over `PAUSE_MS`; two sources' runs of one id must not overlap (sharing
+/// an end millisecond counts only if `shared_ms_counts`).
+fn held_once(by_source: BTreeMap<&str, Vec<(u64, u16)>>, what: &str, shared_ms_counts: bool, found: &mut Vec<Violation>) {
+    // (id, first ms, last ms, source)
     let mut runs: Vec<(u16, u64, u64, &str)> = Vec::new();
     for (source, mut stamps) in by_source {
         stamps.sort_unstable();
-        for (ms, machine) in stamps {
+        for (ms, id) in stamps {
             match runs.last_mut() {
-                Some(run) if run.3 == source && run.0 == machine && ms <= run.2 + PAUSE_MS => run.2 = ms,
-                _ => runs.push((machine, ms, ms, source)),
+                Some(run) if run.3 == source && run.0 == id && ms <= run.2 + PAUSE_MS => run.2 = ms,
+                _ => runs.push((id, ms, ms, source)),
             }
         }
     }
     runs.sort_unstable();
-    // Each run against the one of its machine id reaching furthest so far.
+    // Each run against the one of its id reaching furthest so far.
     let mut furthest: Option<(u16, u64, u64, &str)> = None;
     for run in runs {
         let (m, b1, b2, sb) = run;
         match furthest {
             Some((n, a1, a2, sa)) if n == m => {
-                if b1 <= a2 && sa != sb {
+                let overlap = if shared_ms_counts { b1 <= a2 } else { b1 < a2 };
+                if overlap && sa != sb {
                     found.push(Violation {
-                        kind: "machine id held twice at once",
-                        what: format!("machine id {m}: {sa} stamped {a1}-{a2} ms and {sb} stamped {b1}-{b2} ms (since the epoch)"),
+                        kind: if shared_ms_counts { "machine id held twice at once" } else { "shard held twice at once" },
+                        what: format!("{what} {m}: {sa} stamped {a1}-{a2} ms and {sb} stamped {b1}-{b2} ms (since the epoch)"),
                         times: vec![],
                     });
                 }
@@ -394,6 +421,16 @@ mod tests {
         let short = ClientIds { source: "gen-1-2".into(), ids: vec![id(1100, 9, 1)] };
         let late = ClientIds { source: "gen-2-2".into(), ids: vec![id(3000, 9, 2)] };
         assert_eq!(kinds(&[], &[long, short, late]), ["machine id held twice at once", "machine id held twice at once"]);
+
+        // A shard handed over: the new owner from the release's millisecond
+        // on is fine; an old backup of the previous owner issuing it beside
+        // the new owner is caught, with no ID in common.
+        let sharded = |ms: u64, shard: u16, sequence: u16| ticket_core::sharded::compose(ticket_core::sharded::ShardedParts { millis: ms, shard, sequence });
+        let on = |source: &str, ids: Vec<i64>| Event::Sharded { t: 1, source: source.into(), ids };
+        let handed = [on("p2", vec![sharded(100, 3, 0), sharded(200, 3, 4)]), on("r", vec![sharded(200, 3, 5), sharded(900, 3, 0)]), on("p2", vec![sharded(150, 1, 0)])];
+        assert!(kinds(&handed, &[]).is_empty());
+        let beside = [on("r", vec![sharded(1000, 3, 0), sharded(1800, 3, 0)]), on("p2", vec![sharded(1400, 3, 1)])];
+        assert_eq!(kinds(&beside, &[]), ["shard held twice at once"]);
 
         let tickets = |life, values: &[i64]| Event::Tickets { t: 1, lineage: "p2".into(), life, scope: "s".into(), values: values.to_vec() };
         assert!(kinds(&[tickets(0, &[2, 4]), tickets(0, &[8]), tickets(1, &[2])], &[]).is_empty(), "a new life starts over");

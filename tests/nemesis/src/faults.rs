@@ -7,6 +7,7 @@
 //! restored registry, a new life of the extension, a reloaded setting.
 
 use crate::clients::Clients;
+use crate::dialect;
 use crate::fleet::{create_extension, Fleet, Pair, Server, REGISTRY_DB, WORK_DB};
 use crate::history::History;
 use crate::proxy::Proxy;
@@ -34,6 +35,9 @@ pub enum Fault {
     /// SIGKILL of the postmaster only (its children notice and exit).
     KillPostmaster(Target),
     ImmediateRestart(Target),
+    /// A clean restart (`pg_ctl restart -m fast`): the state files are
+    /// read as written, nothing replayed over them.
+    FastRestart(Target),
     /// SIGKILL of one client backend (the server restarts them all).
     KillBackend(Target),
     /// SIGKILL of pg_ticket's ticket or lease worker.
@@ -87,6 +91,7 @@ impl Fault {
             Fault::KillServer(_) => "kill_server",
             Fault::KillPostmaster(_) => "kill_postmaster",
             Fault::ImmediateRestart(_) => "immediate_restart",
+            Fault::FastRestart(_) => "fast_restart",
             Fault::KillBackend(_) => "kill_backend",
             Fault::KillWorker(_) => "kill_worker",
             Fault::KillClient(_) => "kill_client",
@@ -114,10 +119,11 @@ impl Fault {
     }
 }
 
-pub const KINDS: [&str; 26] = [
+pub const KINDS: [&str; 27] = [
     "kill_server",
     "kill_postmaster",
     "immediate_restart",
+    "fast_restart",
     "kill_backend",
     "kill_worker",
     "kill_client",
@@ -154,6 +160,7 @@ fn draw(kind: usize, rng: &mut StdRng) -> Fault {
         "kill_server" => Fault::KillServer(any_target(rng)),
         "kill_postmaster" => Fault::KillPostmaster(any_target(rng)),
         "immediate_restart" => Fault::ImmediateRestart(any_target(rng)),
+        "fast_restart" => Fault::FastRestart(any_target(rng)),
         "kill_backend" => Fault::KillBackend([Target::Registry, Target::P1, Target::P2][rng.gen_range(0..3)]),
         "kill_worker" => Fault::KillWorker([Target::P1, Target::P2][rng.gen_range(0..2)]),
         "kill_client" => Fault::KillClient(rng.gen_range(0..clients)),
@@ -315,10 +322,11 @@ impl World<'_> {
                     }
                 });
             }
-            Fault::ImmediateRestart(target) => {
+            Fault::ImmediateRestart(target) | Fault::FastRestart(target) => {
+                let mode = if matches!(fault, Fault::FastRestart(_)) { "fast" } else { "immediate" };
                 self.on(*target, |s| {
                     h.fault(kind, s.name.clone());
-                    s.stop("immediate");
+                    s.stop(mode);
                     self.restart(s);
                 });
             }
@@ -424,7 +432,7 @@ impl World<'_> {
             s.set_shards(db_of(from), shard_list(from, false))?;
             let point = s
                 .connect(db_of(from))
-                .and_then(|mut c| c.query_one("SELECT pgticket.release_shard(3)", &[]))
+                .and_then(|mut c| c.query_one(&format!("SELECT {}(3)", dialect::name("pgticket.release_shard")), &[]))
                 .map(|r| r.get::<_, i64>(0))
                 .map_err(|e| format!("{}: release_shard(3): {}", s.name, why(&e)));
             if point.is_err() {
@@ -449,7 +457,7 @@ impl World<'_> {
         let accepted = self.on(to, |s| {
             s.set_shards(db_of(to), shard_list(to, true))?;
             s.connect(db_of(to))
-                .and_then(|mut c| c.query_one("SELECT pgticket.accept_shard(3, $1)", &[&point]))
+                .and_then(|mut c| c.query_one(&format!("SELECT {}(3, $1)", dialect::name("pgticket.accept_shard")), &[&point]))
                 .map(|_| ())
                 .map_err(|e| format!("{}: accept_shard(3, {point}): {}", s.name, why(&e)))
         });
@@ -533,14 +541,16 @@ impl World<'_> {
         if let Err(e) = p2.wait_ready(true) {
             return self.history.fault("error", format!("p2_restore_backup: {e}"));
         }
-        // The operator's steps (docs/operations.md, backup and restore).
+        // Applications reconnect as soon as it answers; the operator's steps
+        // (docs/operations.md, backup and restore) come a moment later.
+        sleep_ms(self.rng.gen_range(500..2500));
         let owns_3 = !self.shard_3.on_registry && self.shard_3.pending.is_none();
         let steps = p2.set_shards(WORK_DB, shard_list(Target::P2, owns_3)).and_then(|()| {
             let mut c = p2.connect(WORK_DB).map_err(|e| why(&e))?;
             vouch(&mut c, self.history.latest_stamp_ms("p2"))?;
             for shard in 0..if owns_3 { 4 } else { 3 } {
                 let point = self.history.highest_sharded(shard as u16);
-                c.query_one("SELECT pgticket.accept_shard($1, $2)", &[&shard, &point]).map_err(|e| format!("accept_shard({shard}, {point}): {}", why(&e)))?;
+                c.query_one(&format!("SELECT {}($1, $2)", dialect::name("pgticket.accept_shard")), &[&shard, &point]).map_err(|e| format!("accept_shard({shard}, {point}): {}", why(&e)))?;
             }
             marks.advance(&mut c).map_err(|e| format!("advance the marks: {}", why(&e)))
         });
@@ -551,7 +561,7 @@ impl World<'_> {
         let r = &self.fleet.registry;
         let leased: Option<i32> = r
             .connect(REGISTRY_DB)
-            .and_then(|mut c| c.query_opt("SELECT machine_id FROM pgticket.machine_ids WHERE state = 'held' ORDER BY expires_at DESC LIMIT 1", &[]))
+            .and_then(|mut c| c.query_opt(&format!("SELECT machine_id FROM {} WHERE state = 'held' ORDER BY expires_at DESC LIMIT 1", dialect::name("pgticket.machine_ids")), &[]))
             .ok()
             .flatten()
             .map(|row| row.get(0));
@@ -704,7 +714,7 @@ impl World<'_> {
             }
             let point = self.history.highest_sharded(3);
             r.connect(REGISTRY_DB)
-                .and_then(|mut c| c.query_one("SELECT pgticket.accept_shard(3, $1)", &[&point]))
+                .and_then(|mut c| c.query_one(&format!("SELECT {}(3, $1)", dialect::name("pgticket.accept_shard")), &[&point]))
                 .map(|_| ())
                 .map_err(|e| format!("accept_shard(3, {point}): {}", why(&e)))
         });
@@ -742,7 +752,7 @@ impl World<'_> {
             c.batch_execute(&format!("CREATE DATABASE {REGISTRY_DB}"))
         });
         if let Err(e) = restored {
-            return self.history.fault("error", format!("restore the registry: {e}"));
+            return self.history.fault("error", format!("restore the registry: {}", why(&e)));
         }
         let out = std::process::Command::new(pg_ticket_integration::pg_bindir().join("pg_restore"))
             .args(["-d", REGISTRY_DB, "-h", r.dir.to_str().unwrap(), "-p", &r.port.to_string(), "-U", "postgres", file.to_str().unwrap()])
@@ -776,7 +786,7 @@ impl World<'_> {
     /// With p2's clients paused: its marks, then DROP and CREATE.
     fn recreate_p2(&self) {
         if let Err(e) = crate::workload::record_marks(self.p2, self.history) {
-            return self.history.fault("error", format!("recreate_extension: read the marks: {e}"));
+            return self.history.fault("error", format!("recreate_extension: read the marks: {}", why(&e)));
         }
         let server = &self.fleet.p2;
         if let Err(e) = server.connect(WORK_DB).and_then(|mut c| c.batch_execute("DROP EXTENSION pg_ticket CASCADE")) {
@@ -852,18 +862,18 @@ impl Marks {
         for (scope, mark) in &self.counters {
             let now: i64 = c.query_one("SELECT current_scoped_id('cq', $1)", &[scope])?.get(0);
             if *mark > now {
-                c.query_one("SELECT pgticket.advance_scoped_id('cq', $1, $2)", &[scope, mark])?;
+                c.query_one(&format!("SELECT {}('cq', $1, $2)", dialect::name("pgticket.advance_scoped_id")), &[scope, mark])?;
             }
         }
         let now: i64 = c.query_one("SELECT current_block_mark('b')", &[])?.get(0);
         if self.block > now {
-            c.query_one("SELECT pgticket.advance_block('b', $1)", &[&self.block])?;
+            c.query_one(&format!("SELECT {}('b', $1)", dialect::name("pgticket.advance_block")), &[&self.block])?;
         }
         for (scope, mark) in &self.tickets {
             let now: Option<i64> =
                 c.query_opt("SELECT mark FROM pgticket.marks WHERE kind = 'ticket' AND queue = 'tq' AND domain = $1", &[scope])?.map(|r| r.get(0));
             if now.is_none_or(|now| *mark > now) {
-                c.query_one("SELECT pgticket.advance_ticket('tq', $1, $2)", &[scope, mark])?;
+                c.query_one(&format!("SELECT {}('tq', $1, $2)", dialect::name("pgticket.advance_ticket")), &[scope, mark])?;
             }
         }
         Ok(())
@@ -874,7 +884,11 @@ impl Marks {
 /// every snowflake and sharded ID it makes is after the latest it made
 /// before (`latest_ms` since the default epoch, 2026-01-01), decoded from
 /// what was received, plus a second for the clocks.
+/// 0.3.0 had no such word: it issued at once.
 fn vouch(c: &mut postgres::Client, latest_ms: u64) -> Result<(), String> {
+    if dialect::is_0_3() {
+        return Ok(());
+    }
     const EPOCH_UNIX_MS: i64 = 1_767_225_600_000;
     let after_unix_ms = EPOCH_UNIX_MS + latest_ms as i64 + 1000;
     c.query_one("SELECT pgticket.raise_snowflake_mark(to_timestamp($1::bigint / 1000.0))", &[&after_unix_ms])
@@ -883,7 +897,7 @@ fn vouch(c: &mut postgres::Client, latest_ms: u64) -> Result<(), String> {
 }
 
 /// A client error as the server said it: SQLSTATE and message.
-fn why(e: &postgres::Error) -> String {
+pub fn why(e: &postgres::Error) -> String {
     e.as_db_error().map(|d| format!("{}: {}", d.code().code(), d.message())).unwrap_or_else(|| e.to_string())
 }
 

@@ -13,6 +13,29 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 pub const REGISTRY_DB: &str = "registry";
+
+/// Which fleet of this machine (`nemesis run --fleet N`): fleet 0 lives in
+/// /tmp/pgt-nem-* on ports 55530-55533, fleet N in /tmp/pgt-nemN-* ten
+/// ports up per N, so that two runs (say, one against another release)
+/// share a machine.
+static FLEET: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
+
+pub fn choose_fleet(n: u16) {
+    FLEET.store(n, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The directory of server `name` in this fleet.
+pub fn server_dir(name: &str) -> PathBuf {
+    match FLEET.load(std::sync::atomic::Ordering::SeqCst) {
+        0 => PathBuf::from(format!("/tmp/pgt-nem-{name}")),
+        n => PathBuf::from(format!("/tmp/pgt-nem{n}-{name}")),
+    }
+}
+
+/// `port` of fleet 0 moved to this fleet's.
+pub fn port(port: u16) -> u16 {
+    port + 10 * FLEET.load(std::sync::atomic::Ordering::SeqCst)
+}
 pub const WORK_DB: &str = "postgres";
 
 pub struct Server {
@@ -24,7 +47,7 @@ pub struct Server {
 
 impl Server {
     fn new(name: &str, port: u16, clock: &Path) -> Server {
-        Server { name: name.into(), dir: PathBuf::from(format!("/tmp/pgt-nem-{name}")), port, clock: clock.to_path_buf() }
+        Server { name: name.into(), dir: server_dir(name), port: self::port(port), clock: clock.to_path_buf() }
     }
 
     /// initdb, `conf`, start under the clock file.
@@ -33,7 +56,7 @@ impl Server {
         let status = Command::new(repo_root().join("scripts/cluster.sh"))
             .arg("start")
             .arg(&server.dir)
-            .arg(port.to_string())
+            .arg(server.port.to_string())
             .args(conf)
             .status()
             .expect("scripts/cluster.sh");
@@ -113,11 +136,25 @@ impl Server {
             .collect()
     }
 
+    /// `pg_ctl stop -m MODE`, which gives up after 60 s; a server still
+    /// running then is stopped immediately, as an operator would. Seen in
+    /// the soak on PostgreSQL 16.2: a fast shutdown requested while the
+    /// server was in crash recovery (a backend had been killed a moment
+    /// before) never ended — the startup process exited at the request,
+    /// and the postmaster then waited for a checkpointer it never told to
+    /// finish (it was idle in its 5-minute sleep), for ever.
     pub fn stop(&self, mode: &str) {
-        let _ = Command::new(repo_root().join("scripts/cluster.sh"))
-            .args(["stop".as_ref(), self.dir.as_os_str(), mode.as_ref()])
-            .stderr(std::process::Stdio::null())
-            .status();
+        let pg_ctl = |mode: &str| {
+            let _ = Command::new(repo_root().join("scripts/cluster.sh"))
+                .args(["stop".as_ref(), self.dir.as_os_str(), mode.as_ref()])
+                .stderr(std::process::Stdio::null())
+                .status();
+        };
+        pg_ctl(mode);
+        if mode != "immediate" && self.running() {
+            eprintln!("nemesis: {}: a {mode} stop did not end within pg_ctl's 60 s; stopped immediately", self.name);
+            pg_ctl("immediate");
+        }
     }
 
     pub fn postmaster(&self) -> Option<i32> {
@@ -204,7 +241,7 @@ impl Server {
             // (minutes), and the fleet waits for it.
             &["-D", server.data().to_str().unwrap(), "-R", "-X", "stream", "-c", "fast", "-h", primary.dir.to_str().unwrap(), "-p", &primary.port.to_string(), "-U", "postgres"],
         );
-        append_conf(&server.data(), &[format!("port = {port}"), format!("unix_socket_directories = '{}'", server.dir.display())]);
+        append_conf(&server.data(), &[format!("port = {}", server.port), format!("unix_socket_directories = '{}'", server.dir.display())]);
         server.up().unwrap_or_else(|e| panic!("{e}"));
         server
     }
@@ -310,7 +347,7 @@ impl Fleet {
         );
         create_extension(&p2, WORK_DB).expect("p2's extension");
         p2.connect(WORK_DB)
-            .and_then(|mut c| c.batch_execute("SELECT pgticket.accept_shard(s, 0) FROM generate_series(0, 3) s"))
+            .and_then(|mut c| c.batch_execute(&format!("SELECT {}(s, 0) FROM generate_series(0, 3) s", crate::dialect::name("pgticket.accept_shard"))))
             .expect("p2 accepts its shards");
         Fleet { registry, p1: Mutex::new(Pair { primary, standby: Some(standby) }), p2, work: work.to_path_buf(), slots: SLOTS }
     }
@@ -319,7 +356,11 @@ impl Fleet {
     pub fn p1_dsn(&self) -> String {
         let [(a, pa), (b, pb)] = self.slots;
         format!(
-            "host=/tmp/pgt-nem-{a},/tmp/pgt-nem-{b} port={pa},{pb} user=postgres dbname={WORK_DB} target_session_attrs=read-write connect_timeout=5"
+            "host={},{} port={},{} user=postgres dbname={WORK_DB} target_session_attrs=read-write connect_timeout=5",
+            server_dir(a).display(),
+            server_dir(b).display(),
+            port(pa),
+            port(pb)
         )
     }
 
@@ -356,14 +397,16 @@ fn make_synchronous(primary: &Server) -> Result<(), postgres::Error> {
     primary.alter_system(WORK_DB, "synchronous_standby_names", "*")
 }
 
-/// `CREATE EXTENSION pg_ticket`, and (0.3.0) the registry's "new to its
-/// fleet": a created registry otherwise holds off its first grants.
+/// `CREATE EXTENSION pg_ticket`, and the registry's "new to its fleet": a
+/// created registry otherwise holds off its first grants for
+/// `lease_max_ttl` + margin.
 pub fn create_extension(server: &Server, db: &str) -> Result<(), postgres::Error> {
     let mut c = server.connect(db)?;
     c.batch_execute("CREATE EXTENSION IF NOT EXISTS pg_ticket")?;
-    let has_hold_off = c.query_one("SELECT count(*) FROM pg_proc WHERE proname = 'pgticket.end_lease_hold_off'", &[])?.get::<_, i64>(0) > 0;
-    if has_hold_off {
-        c.batch_execute("SELECT pgticket.end_lease_hold_off()")?;
+    let version: String = c.query_one("SELECT extversion FROM pg_extension WHERE extname = 'pg_ticket'", &[])?.get(0);
+    crate::dialect::learn(&version);
+    if db == REGISTRY_DB {
+        c.batch_execute(&format!("SELECT {}()", crate::dialect::name("pgticket.end_lease_hold_off")))?;
     }
     Ok(())
 }

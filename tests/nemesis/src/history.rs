@@ -105,9 +105,6 @@ impl History {
         self.highest_sharded.lock().unwrap_or_else(|p| p.into_inner()).get(&shard).copied().unwrap_or(0)
     }
 
-    /// The latest snowflake timestamp received from `source`, in ms since
-    /// the epoch (0 if none).
-
     /// The latest stamp (ms since the epoch) of a snowflake or sharded ID
     /// received from `source` (0 if none).
     pub fn latest_stamp_ms(&self, source: &str) -> u64 {

@@ -2,7 +2,7 @@
 //! IDs from every allocator, faults injected from a seeded schedule, and a
 //! checker that proves the promise from what the clients received.
 //!
-//!   nemesis run [--seed N] [--seconds S] [--work DIR] [--client-bin PATH]
+//!   nemesis run [--seed N] [--seconds S] [--work DIR] [--client-bin PATH] [--fleet N]
 //!   nemesis check [--work DIR]        check a run's history again
 //!
 //! `make soak MINUTES=N` runs it (scripts/soak.sh); the same seed replays
@@ -10,6 +10,7 @@
 
 mod check;
 mod clients;
+mod dialect;
 mod faults;
 mod fleet;
 mod history;
@@ -29,6 +30,7 @@ struct Args {
     seconds: u64,
     work: PathBuf,
     client_bin: PathBuf,
+    fleet: u16,
 }
 
 fn args() -> Args {
@@ -41,6 +43,7 @@ fn args() -> Args {
         seconds: 600,
         work: PathBuf::from("/tmp/pgt-nem-work"),
         client_bin: here.with_file_name("ticket-worker"),
+        fleet: 0,
     };
     while let Some(flag) = argv.next() {
         let value = argv.next().unwrap_or_else(|| panic!("{flag} needs a value"));
@@ -49,6 +52,7 @@ fn args() -> Args {
             "--seconds" => args.seconds = value.parse().expect("--seconds S"),
             "--work" => args.work = PathBuf::from(value),
             "--client-bin" => args.client_bin = PathBuf::from(value),
+            "--fleet" => args.fleet = value.parse().expect("--fleet N"),
             other => panic!("unknown flag {other}; see the module comment"),
         }
     }
@@ -75,7 +79,8 @@ fn run(args: &Args) -> i32 {
 
     // The proxy is bound before the fleet exists (the primary's
     // configuration names it) and points at the registry's socket.
-    let registry_socket = PathBuf::from(format!("/tmp/pgt-nem-r/.s.PGSQL.{}", fleet::REGISTRY_PORT));
+    fleet::choose_fleet(args.fleet);
+    let registry_socket = fleet::server_dir("r").join(format!(".s.PGSQL.{}", fleet::port(fleet::REGISTRY_PORT)));
     let proxy = proxy::Proxy::start(registry_socket);
     let registry_dsn = format!("host=127.0.0.1 port={} user=postgres dbname={} connect_timeout=5", proxy.port, fleet::REGISTRY_DB);
     let fleet = fleet::Fleet::start(&args.work, |_| registry_dsn.clone());
@@ -134,7 +139,7 @@ fn run(args: &Args) -> i32 {
     }
     for lineage in [&p1, &p2] {
         if let Err(e) = workload::record_marks(lineage, &history) {
-            history.fault("error", format!("read {}'s marks: {e}", lineage.name));
+            history.fault("error", format!("read {}'s marks: {}", lineage.name, faults::why(&e)));
         }
     }
     history.flush();
@@ -148,7 +153,7 @@ fn run(args: &Args) -> i32 {
     if status == 0 {
         fleet.stop_all();
     } else {
-        println!("nemesis: the fleet is left running for a look; its directories are /tmp/pgt-nem-*");
+        println!("nemesis: the fleet is left running for a look; its directories are {}", fleet::server_dir("*").display());
     }
     status
 }

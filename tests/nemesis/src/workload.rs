@@ -24,8 +24,9 @@ pub struct Lineage {
     pub dsn: String,
     /// Which life of the extension the lineage is in (DROP/CREATE EXTENSION).
     pub life: AtomicU32,
-    /// Held (read) by every operation; the nemesis sets `pause` and takes
-    /// it (write) to change the extension between operations.
+    /// Held (read) by every counter, block and ticket operation; the
+    /// nemesis sets `pause` and takes it (write) to change the extension or
+    /// the database between operations.
     pub gate: RwLock<()>,
     pub pause: AtomicBool,
     /// IDs received, for the report.
@@ -44,6 +45,13 @@ pub enum Kind {
 }
 
 /// A primary's clients: every allocator.
+impl Kind {
+    /// Its values are rows of the database (they go where a restore takes it).
+    fn is_transactional(self) -> bool {
+        matches!(self, Kind::Counter | Kind::Block | Kind::Ticket)
+    }
+}
+
 pub const EVERY_KIND: &[Kind] = &[Kind::Counter, Kind::Counter, Kind::Block, Kind::Ticket, Kind::Snowflake, Kind::Sharded];
 /// The registry's server: its own snowflakes (machine 999, or the id a
 /// reconfiguration gave it) and the shard it may be handed.
@@ -101,10 +109,17 @@ fn run(lineage: &Lineage, history: &History, stop: &AtomicBool, kind: Kind, mut 
             }
         }
         let c = conn.as_mut().unwrap();
-        while lineage.pause.load(Ordering::SeqCst) {
+        // Snowflakes and sharded IDs are not paused: their applications meet
+        // a changed server (a base backup started in its place) as soon as
+        // it answers, and what it must refuse then is the extension's to
+        // refuse (SPEC §17.1). Counter, block and ticket rows go back with
+        // the database they are in, so those clients wait for the
+        // operator's steps.
+        let paused_kind = kind.is_transactional();
+        while paused_kind && lineage.pause.load(Ordering::SeqCst) {
             std::thread::sleep(Duration::from_millis(10));
         }
-        let gate = lineage.gate.read().unwrap_or_else(|p| p.into_inner());
+        let gate = paused_kind.then(|| lineage.gate.read().unwrap_or_else(|p| p.into_inner()));
         let life = lineage.life.load(Ordering::SeqCst);
         let result = match kind {
             Kind::Counter => counter(c, lineage, life, history, &mut rng),
