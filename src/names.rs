@@ -23,8 +23,18 @@ impl FromDatum for Name<'_> {
             return None;
         }
         // Detoasted in the function call's memory context, which outlives
-        // the call's use of the bytes.
-        let varlena = unsafe { pg_sys::pg_detoast_datum_packed(datum.cast_mut_ptr()) };
+        // the call's use of the bytes. pg_detoast_datum_packed's own test
+        // first, here: a call into PostgreSQL costs a sigsetjmp (pgrx's
+        // guard), twice per next_scoped_id() for names that are never
+        // compressed or external in practice.
+        let packed: *mut pg_sys::varlena = datum.cast_mut_ptr();
+        let varlena = unsafe {
+            if pgrx::varlena::varatt_is_4b_c(packed) || pgrx::varlena::varatt_is_1b_e(packed) {
+                pg_sys::pg_detoast_datum_packed(packed)
+            } else {
+                packed
+            }
+        };
         Some(Name(unsafe { pgrx::varlena::varlena_to_byte_slice(varlena) }))
     }
 }

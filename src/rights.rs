@@ -32,6 +32,7 @@ use std::ffi::CStr;
 use crate::errors::TicketError;
 use crate::names::Name;
 use crate::{settings, state_tables};
+use ticket_core::fast_map::FastMap;
 use ticket_core::rights::{GrantIndex, RightKind, ScopeGrant};
 
 /// Scopes decided before the memo is started over, for all roles together
@@ -47,7 +48,7 @@ struct RoleRights {
     /// Superuser or an owner of the state tables.
     bypass: bool,
     grants: GrantIndex,
-    decided: HashMap<Vec<u8>, bool>,
+    decided: FastMap<Vec<u8>, bool>,
 }
 
 #[derive(Default)]
@@ -188,7 +189,7 @@ fn read(role: pg_sys::Oid) -> RoleRights {
         }
         None => Vec::new(),
     };
-    RoleRights { bypass, grants: GrantIndex::new(grants), decided: HashMap::new() }
+    RoleRights { bypass, grants: GrantIndex::new(grants), decided: FastMap::default() }
 }
 
 /// The rows of `pgticket.rights` that `role` inherits, read from the heap

@@ -167,7 +167,7 @@ fn update_row_unnamed(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> R
     // SET ROLE or a SECURITY DEFINER function may change the user between
     // two (a memo lookup when on, one flag read when off).
     kind.check_right(a, b)?;
-    let subxact = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    let subxact = xact::current_subtransaction();
     let table = kind.table(&state_tables::current()).oid;
     let fast = STATE.with(|s| -> Option<Result<Mark, TicketError>> {
         let mut s = s.borrow_mut();

@@ -2,6 +2,7 @@
 //! `cargo test -p ticket-core` and a fake clock.
 
 pub mod counter;
+pub mod fast_map;
 pub mod directory;
 pub mod epoch;
 pub mod leases;

@@ -19,7 +19,7 @@
 //! Keys are opaque bytes to this module (the caller encodes kind, table and
 //! names in the database's own encoding).
 
-use std::collections::HashMap;
+use crate::fast_map::FastMap;
 use thiserror::Error;
 
 use crate::counter::Mark;
@@ -67,7 +67,7 @@ struct Undo {
 
 #[derive(Debug)]
 pub struct LocalMarks {
-    held: HashMap<Box<[u8]>, Held>,
+    held: FastMap<Box<[u8]>, Held>,
     /// Grouped by open subtransaction in nesting order: the innermost one's
     /// entries are at the end.
     undo: Vec<Undo>,
@@ -86,7 +86,7 @@ impl Default for LocalMarks {
 impl LocalMarks {
     pub fn new(max_entries: usize) -> Self {
         LocalMarks {
-            held: HashMap::new(),
+            held: FastMap::default(),
             undo: Vec::new(),
             max_entries,
             #[cfg(test)]
@@ -235,7 +235,7 @@ impl LocalMarks {
     /// a large transaction.
     pub fn clear(&mut self) {
         if self.held.capacity() > KEEP_CAPACITY {
-            self.held = HashMap::new();
+            self.held = FastMap::default();
         } else {
             self.held.clear();
         }

@@ -6,7 +6,7 @@
 //! scoped counters and its tickets; a block grant covers block names. A
 //! grant's "every domain" is the domain pattern `*`.
 
-use std::collections::{HashMap, HashSet};
+use crate::fast_map::{FastMap, FastSet};
 
 /// What a grant covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -65,7 +65,7 @@ pub fn covered(grants: &[ScopeGrant], kind: RightKind, queue: &[u8], domain: &[u
 /// The domains granted under one exact queue.
 #[derive(Debug, Default)]
 struct Domains {
-    exact: HashSet<Vec<u8>>,
+    exact: FastSet<Vec<u8>>,
     prefixes: Vec<Vec<u8>>,
 }
 
@@ -75,7 +75,7 @@ struct Domains {
 /// much).
 #[derive(Debug, Default)]
 pub struct GrantIndex {
-    by_queue: HashMap<(RightKind, Vec<u8>), Domains>,
+    by_queue: FastMap<(RightKind, Vec<u8>), Domains>,
     queue_prefixes: Vec<ScopeGrant>,
 }
 

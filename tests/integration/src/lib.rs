@@ -180,6 +180,22 @@ impl Drop for Cluster {
     }
 }
 
+/// A load client's connection, made again when lost: the open one, or a
+/// new one to `dsn` (the failover tests' multi-host strings); None after a
+/// failed attempt and 100 ms, for the caller's loop to try again.
+pub fn reconnected<'a>(conn: &'a mut Option<Client>, dsn: &str) -> Option<&'a mut Client> {
+    if conn.as_ref().is_none_or(|c| c.is_closed()) {
+        match Client::connect(dsn, NoTls) {
+            Ok(c) => *conn = Some(c),
+            Err(_) => {
+                std::thread::sleep(Duration::from_millis(100));
+                return None;
+            }
+        }
+    }
+    conn.as_mut()
+}
+
 /// The tested PostgreSQL's program directory (`pg_config --bindir` of
 /// `$PG_CONFIG`, default 15).
 pub fn pg_bindir() -> &'static Path {

@@ -11,8 +11,10 @@
 //! files beside the catalog included) is what it issues from. Two groups
 //! run side by side: one with a fixed machine id and sharded IDs, one
 //! leasing its machine ids from a registry outside it. Nothing is handed
-//! out twice, and each leader continues above everything its predecessors
-//! committed: counters, and for the fixed id snowflakes and sharded IDs.
+//! out twice, each leader continues above everything its predecessors
+//! handed out (counters and tickets; for the fixed id also snowflakes and
+//! sharded IDs, which one shared wall clock keeps in order by itself), and
+//! no client sees an error that a failover does not excuse.
 //!
 //! Patroni 3.0.2 and etcd 3.4 are Debian 12's packages (scripts/setup.sh);
 //! Patroni drives whichever PostgreSQL `$PG_CONFIG` names. Its 3 minutes
@@ -21,7 +23,7 @@
 
 use pg_ticket_integration::{owned_dir, pg_bindir, Cluster};
 use postgres::{Client, NoTls};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::HashSet;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -144,13 +146,22 @@ impl Group {
         assert!(as_postgres(&script).status.success());
     }
 
-    /// SIGKILL to a node's Patroni and postgres: its machine lost.
+    /// SIGKILL to a node's Patroni and every postgres process of its data
+    /// directory (not only the postmaster: a backend that outlived it
+    /// would hold its shared memory when Patroni starts it again): its
+    /// machine lost.
     fn kill_node(&self, node: usize) {
         for pid in pids(&format!("patroni {}", self.yml(node).display())) {
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
-        if let Some(pm) = self.postmaster(node) {
-            unsafe { libc::kill(pm, libc::SIGKILL) };
+        let data = self.root.join(format!("node{}", node + 1));
+        let of_node = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            .filter(|pid| std::fs::read_link(format!("/proc/{pid}/cwd")).is_ok_and(|cwd| cwd == data));
+        for pid in of_node {
+            unsafe { libc::kill(pid, libc::SIGKILL) };
         }
     }
 
@@ -194,6 +205,18 @@ impl Group {
             .map_or(0, |r| r.get::<_, i64>(0) as usize)
     }
 
+    /// Wait until a leader `ok` accepts is the only node out of recovery.
+    fn wait_for_leader(&self, what: &str, deadline: Duration, ok: impl Fn(usize) -> bool) -> usize {
+        let started = Instant::now();
+        loop {
+            match self.leader() {
+                Some(l) if ok(l) => return l,
+                _ => assert!(started.elapsed() < deadline, "{what}: not within {deadline:?}\n{}", self.diagnostics()),
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
     fn wait(&self, what: &str, deadline: Duration, ok: impl Fn(&Group) -> bool) -> Duration {
         let started = Instant::now();
         while !ok(self) {
@@ -228,6 +251,12 @@ impl Drop for Group {
     }
 }
 
+/// Errors that no failover excuses: a unique violation, a data exception
+/// or an internal error from the allocators.
+fn never_excused(code: &str) -> bool {
+    code.starts_with("23") || code.starts_with("22") || code.starts_with("XX")
+}
+
 /// One successful round of the load: when, from which port, the values.
 struct Round {
     at: Instant,
@@ -239,8 +268,9 @@ struct Round {
     sharded: Option<i64>,
 }
 
-/// Clients drawing from every allocator until `stop`.
-fn load(dsn: &str, sharded: bool, stop: &Arc<AtomicBool>, rounds: &Arc<Mutex<Vec<Round>>>) -> Vec<std::thread::JoinHandle<()>> {
+/// Clients drawing from every allocator until `stop`; errors no failover
+/// excuses go to `inexcusable`.
+fn load(dsn: &str, sharded: bool, stop: &Arc<AtomicBool>, rounds: &Arc<Mutex<Vec<Round>>>, inexcusable: &Arc<Mutex<Vec<String>>>) -> Vec<std::thread::JoinHandle<()>> {
     let sql = format!(
         "SELECT next_scoped_id('pat', 'orders'), b.first_id, b.last_id, next_ticket('pat', 'jobs'), snowflake_id(), {}, inet_server_port()
            FROM reserve_block('pat', 10) b",
@@ -248,20 +278,11 @@ fn load(dsn: &str, sharded: bool, stop: &Arc<AtomicBool>, rounds: &Arc<Mutex<Vec
     );
     (0..4)
         .map(|_| {
-            let (dsn, sql, stop, rounds) = (dsn.to_string(), sql.clone(), Arc::clone(stop), Arc::clone(rounds));
+            let (dsn, sql, stop, rounds, inexcusable) = (dsn.to_string(), sql.clone(), Arc::clone(stop), Arc::clone(rounds), Arc::clone(inexcusable));
             std::thread::spawn(move || {
                 let mut conn: Option<Client> = None;
                 while !stop.load(Ordering::Relaxed) {
-                    let c = match conn.as_mut() {
-                        Some(c) if !c.is_closed() => c,
-                        _ => match Client::connect(&dsn, NoTls) {
-                            Ok(c) => conn.insert(c),
-                            Err(_) => {
-                                std::thread::sleep(Duration::from_millis(100));
-                                continue;
-                            }
-                        },
-                    };
+                    let Some(c) = pg_ticket_integration::reconnected(&mut conn, &dsn) else { continue };
                     match c.query_one(sql.as_str(), &[]) {
                         Ok(r) => rounds.lock().unwrap().push(Round {
                             at: Instant::now(),
@@ -275,7 +296,10 @@ fn load(dsn: &str, sharded: bool, stop: &Arc<AtomicBool>, rounds: &Arc<Mutex<Vec
                         // Refusals while the leader changes (read-only, no
                         // lease yet, the standby wait cancelled) and broken
                         // connections: try again.
-                        Err(_) => {
+                        Err(e) => {
+                            if let Some(db) = e.as_db_error().filter(|db| never_excused(db.code().code())) {
+                                inexcusable.lock().unwrap().push(format!("{}: {}", db.code().code(), db.message()));
+                            }
                             conn = None;
                             std::thread::sleep(Duration::from_millis(50));
                         }
@@ -335,14 +359,14 @@ fn distinct(what: &str, values: impl Iterator<Item = i64>) {
 fn fail_over_and_back(name: &str, group: &Group, fixed_id: bool) {
     let stop = Arc::new(AtomicBool::new(false));
     let rounds = Arc::new(Mutex::new(Vec::new()));
-    let clients = load(&group.dsn(), fixed_id, &stop, &rounds);
+    let inexcusable = Arc::new(Mutex::new(Vec::new()));
+    let clients = load(&group.dsn(), fixed_id, &stop, &rounds, &inexcusable);
     std::thread::sleep(Duration::from_secs(4));
 
-    let first = group.leader().expect("a leader");
+    let first = group.wait_for_leader("a leader", Duration::from_secs(30), |_| true);
     let killed_at = Instant::now();
     group.kill_node(first);
-    group.wait("another leader", Duration::from_secs(90), |g| g.leader().is_some_and(|l| l != first));
-    let second = group.leader().unwrap();
+    let second = group.wait_for_leader("another leader", Duration::from_secs(90), |l| l != first);
     let failover = first_round_on(&rounds, group.pg_port(second), killed_at, group);
     eprintln!("{name}: node{} killed; node{} took the writes {failover:?} later", first + 1, second + 1);
 
@@ -386,42 +410,42 @@ fn fail_over_and_back(name: &str, group: &Group, fixed_id: bool) {
         stretches.len(),
         stretches.iter().map(|s| (s[0].port, s.len())).collect::<Vec<_>>()
     );
-    assert!(stretches.len() >= 3, "writes from the first leader, the one after the kill and the rewound one again: {:?}", stretches.iter().map(|s| s[0].port).collect::<Vec<_>>());
+    let ports: Vec<u16> = stretches.iter().map(|s| s[0].port).collect();
+    let (first_port, second_port) = (group.pg_port(first), group.pg_port(second));
+    assert!(
+        ports.len() >= 3 && ports[0] == first_port && ports.contains(&second_port) && *ports.last().unwrap() == first_port,
+        "writes from the first leader, the one after the kill, then the rewound first one again: {ports:?}"
+    );
+    let inexcusable = inexcusable.lock().unwrap();
+    assert!(inexcusable.is_empty(), "errors no failover excuses: {inexcusable:?}");
     distinct("counter value", rounds.iter().map(|r| r.counter));
     continues_above(&stretches, "counters", |r| r.counter);
     let mut blocks: Vec<(i64, i64)> = rounds.iter().map(|r| r.block).collect();
     blocks.sort_unstable();
     assert!(blocks.windows(2).all(|w| w[0].1 < w[1].0), "overlapping blocks");
     distinct("ticket", rounds.iter().map(|r| r.ticket));
+    // A synchronous standby has every segment the old leader handed out
+    // from (the worker's commit waited for it).
+    continues_above(&stretches, "tickets", |r| r.ticket);
     distinct("snowflake", rounds.iter().map(|r| r.snowflake));
     if fixed_id {
-        // One machine id for the group: the mark in WAL carries it on.
+        // One machine id for the group. The nodes share one wall clock and a
+        // change of leader takes seconds, so this holds by the clock alone;
+        // a promoted standby whose clock is behind the old primary's mark
+        // is failover.rs's test (faketime).
         continues_above(&stretches, "snowflakes", |r| r.snowflake);
         distinct("sharded ID", rounds.iter().map(|r| r.sharded.unwrap()));
         continues_above(&stretches, "sharded IDs of shard 1", |r| r.sharded.unwrap());
-    } else {
-        // Leased ids: no machine id stamped by two nodes at overlapping times.
-        let mut spans: BTreeMap<(i64, u16), (Instant, Instant)> = BTreeMap::new();
-        for r in rounds.iter() {
-            let span = spans.entry(((r.snowflake >> 12) & 1023, r.port)).or_insert((r.at, r.at));
-            span.0 = span.0.min(r.at);
-            span.1 = span.1.max(r.at);
-        }
-        for ((id, port), (from, to)) in &spans {
-            for ((other_id, other_port), (other_from, other_to)) in &spans {
-                if id == other_id && port < other_port {
-                    assert!(to < other_from || other_to < from, "machine id {id} stamped by ports {port} and {other_port} at overlapping times");
-                }
-            }
-        }
     }
+    // (Leased ids: one node writes at a time here, so two nodes stamping one
+    // id at once would need a split brain, which failover.rs makes.)
 }
 
 #[test]
 #[ignore = "make test-patroni runs it, once per make test"]
 fn patroni_fails_over_and_back_with_a_fixed_machine_id_and_nothing_is_handed_out_twice() {
     let group = Group::start("fixed", 25650, &[("pg_ticket.machine_id", "7"), ("pg_ticket.shards", "0-3")]);
-    let leader = group.leader().unwrap();
+    let leader = group.wait_for_leader("the leader", Duration::from_secs(30), |_| true);
     let mut c = group.connect(leader).unwrap();
     c.batch_execute("CREATE EXTENSION pg_ticket; SELECT pgticket.accept_shard(s, 0) FROM generate_series(0, 3) s").unwrap();
     fail_over_and_back("fixed id", &group, true);
@@ -438,7 +462,7 @@ fn patroni_fails_over_and_back_with_leased_machine_ids_and_nothing_is_handed_out
         25660,
         &[("pg_ticket.machine_id", "-1"), ("pg_ticket.registry", &registry_dsn), ("pg_ticket.machine_lease_ttl", "3s")],
     );
-    let leader = group.leader().unwrap();
+    let leader = group.wait_for_leader("the leader", Duration::from_secs(30), |_| true);
     group.connect(leader).unwrap().batch_execute("CREATE EXTENSION pg_ticket").unwrap();
     fail_over_and_back("leased ids", &group, false);
 }

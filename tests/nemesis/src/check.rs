@@ -15,7 +15,7 @@
 //! - Blocks of one name never overlap; a block pool's IDs never repeat.
 
 use crate::history::{Event, Outcome};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 
 #[derive(Debug)]
 pub struct Violation {
@@ -127,37 +127,51 @@ fn machine_ids_held_once(events: &[Event], generators: &[ClientIds], found: &mut
         let list = by_source.entry(g.source.as_str()).or_default();
         list.extend(g.ids.iter().filter_map(|id| ticket_core::snowflake::Layout::DEFAULT.decompose(*id).ok()).map(|p| (p.millis, p.machine_id)));
     }
-    held_once(by_source, "machine id", true, found);
+    held_once(by_source, "machine id", true, &BTreeMap::new(), found);
 }
 
 /// The same for shards (0.4.0): two servers issuing one shard at once. A
 /// handover's new owner continues above the release point, which may be
 /// in the old owner's last millisecond, so only runs overlapping past a
-/// shared millisecond count. An old backup of a shard's previous owner
-/// started in its place and issuing the shard beside its new owner (#30
-/// item 1) is found here whether or not the two made the same ID.
+/// shared millisecond count; and a server's run ends at each release
+/// point of its shard, so a shard handed away and back within a second is
+/// two runs, not one spanning the other owner's (a shard has no margin).
+/// An old backup of a shard's previous owner started in its place and
+/// issuing the shard beside its new owner (#30 item 1) is found here
+/// whether or not the two made the same ID.
 fn shards_held_once(events: &[Event], found: &mut Vec<Violation>) {
     let mut by_source: BTreeMap<&str, Vec<(u64, u16)>> = BTreeMap::new();
+    let mut releases: BTreeMap<u16, BTreeSet<u64>> = BTreeMap::new();
     for e in events {
-        if let Event::Sharded { source, ids, .. } = e {
-            let list = by_source.entry(source.as_str()).or_default();
-            list.extend(ids.iter().filter_map(|id| ticket_core::sharded::decompose(*id).ok()).map(|p| (p.millis, p.shard)));
+        match e {
+            Event::Sharded { source, ids, .. } => {
+                let list = by_source.entry(source.as_str()).or_default();
+                list.extend(ids.iter().filter_map(|id| ticket_core::sharded::decompose(*id).ok()).map(|p| (p.millis, p.shard)));
+            }
+            Event::Released { shard, point, .. } => {
+                if let Ok(p) = ticket_core::sharded::decompose(*point) {
+                    releases.entry(*shard).or_default().insert(p.millis);
+                }
+            }
+            _ => {}
         }
     }
-    held_once(by_source, "shard", false, found);
+    held_once(by_source, "shard", false, &releases, found);
 }
 
-/// Runs of (ms, holder id) per source, cut at a change of id or a pause
-/// over `PAUSE_MS`; two sources' runs of one id must not overlap (sharing
-/// an end millisecond counts only if `shared_ms_counts`).
-fn held_once(by_source: BTreeMap<&str, Vec<(u64, u16)>>, what: &str, shared_ms_counts: bool, found: &mut Vec<Violation>) {
+/// Runs of (ms, holder id) per source, cut at a change of id, a pause
+/// over `PAUSE_MS` or one of the id's `cuts` (ms); two sources' runs of one
+/// id must not overlap (sharing an end millisecond counts only if
+/// `shared_ms_counts`).
+fn held_once(by_source: BTreeMap<&str, Vec<(u64, u16)>>, what: &str, shared_ms_counts: bool, cuts: &BTreeMap<u16, BTreeSet<u64>>, found: &mut Vec<Violation>) {
+    let cut_between = |id: u16, from: u64, to: u64| cuts.get(&id).is_some_and(|c| c.range(from..to).next().is_some());
     // (id, first ms, last ms, source)
     let mut runs: Vec<(u16, u64, u64, &str)> = Vec::new();
     for (source, mut stamps) in by_source {
         stamps.sort_unstable();
         for (ms, id) in stamps {
             match runs.last_mut() {
-                Some(run) if run.3 == source && run.0 == id && ms <= run.2 + PAUSE_MS => run.2 = ms,
+                Some(run) if run.3 == source && run.0 == id && ms <= run.2 + PAUSE_MS && !cut_between(id, run.2, ms) => run.2 = ms,
                 _ => runs.push((id, ms, ms, source)),
             }
         }
@@ -431,6 +445,18 @@ mod tests {
         assert!(kinds(&handed, &[]).is_empty());
         let beside = [on("r", vec![sharded(1000, 3, 0), sharded(1800, 3, 0)]), on("p2", vec![sharded(1400, 3, 1)])];
         assert_eq!(kinds(&beside, &[]), ["shard held twice at once"]);
+        // Handed away and back within a second: two runs of p2, cut at the
+        // release points, around r's.
+        let released = |source: &str, ms: u64| Event::Released { t: 1, source: source.into(), shard: 3, point: sharded(ms, 3, 9) };
+        let round_trip = [
+            on("p2", vec![sharded(5000, 3, 0), sharded(5100, 3, 9)]),
+            released("p2", 5100),
+            on("r", vec![sharded(5100, 3, 10), sharded(5400, 3, 9)]),
+            released("r", 5400),
+            on("p2", vec![sharded(5400, 3, 10), sharded(5600, 3, 0)]),
+        ];
+        assert!(kinds(&round_trip, &[]).is_empty());
+        assert_eq!(kinds(&round_trip[..1].iter().chain(&round_trip[2..3]).chain(&round_trip[4..]).cloned().collect::<Vec<_>>(), &[]), ["shard held twice at once"], "without the release points, one run of p2 spans r's");
 
         let tickets = |life, values: &[i64]| Event::Tickets { t: 1, lineage: "p2".into(), life, scope: "s".into(), values: values.to_vec() };
         assert!(kinds(&[tickets(0, &[2, 4]), tickets(0, &[8]), tickets(1, &[2])], &[]).is_empty(), "a new life starts over");

@@ -443,6 +443,8 @@ impl World<'_> {
         });
         match released {
             Some(Ok(point)) => {
+                let source = if from == Target::P2 { "p2" } else { "r" };
+                self.history.record(crate::history::Event::Released { t: self.history.now(), source: source.into(), shard: 3, point });
                 self.shard_3 = Handover { on_registry: from == Target::P2, pending: Some(point) };
                 self.accept_shard_3(point);
             }

@@ -138,11 +138,12 @@ impl Server {
 
     /// `pg_ctl stop -m MODE`, which gives up after 60 s; a server still
     /// running then is stopped immediately, as an operator would. Seen in
-    /// the soak on PostgreSQL 16.2: a fast shutdown requested while the
-    /// server was in crash recovery (a backend had been killed a moment
-    /// before) never ended — the startup process exited at the request,
-    /// and the postmaster then waited for a checkpointer it never told to
-    /// finish (it was idle in its 5-minute sleep), for ever.
+    /// soaks on PostgreSQL 16.2 and 18.6, and on a plain 18.6 cluster
+    /// without pg_ticket: a fast shutdown requested while the server was in
+    /// crash recovery (a backend had been killed a moment before) never
+    /// ended — the startup process exited at the request, and the
+    /// postmaster then waited for a checkpointer it never told to finish
+    /// (idle in its 5-minute sleep), for ever.
     pub fn stop(&self, mode: &str) {
         let pg_ctl = |mode: &str| {
             let _ = Command::new(repo_root().join("scripts/cluster.sh"))

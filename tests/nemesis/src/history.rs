@@ -38,6 +38,9 @@ pub enum Event {
     Life { t: u64, lineage: String, life: u32 },
     /// The standby of `lineage` was promoted (its old primary is dead).
     Promoted { t: u64, lineage: String },
+    /// `shard` released by `source` at `point` (an ID: its old owner's
+    /// last, its next owner's floor).
+    Released { t: u64, source: String, shard: u16, point: i64 },
     Fault { t: u64, kind: String, detail: String },
 }
 

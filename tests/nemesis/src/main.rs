@@ -56,6 +56,11 @@ fn args() -> Args {
             other => panic!("unknown flag {other}; see the module comment"),
         }
     }
+    fleet::choose_fleet(args.fleet);
+    if args.fleet != 0 && args.work == Path::new("/tmp/pgt-nem-work") {
+        // Another fleet's history is not this one's to remove.
+        args.work = fleet::server_dir("work");
+    }
     args
 }
 
@@ -79,7 +84,6 @@ fn run(args: &Args) -> i32 {
 
     // The proxy is bound before the fleet exists (the primary's
     // configuration names it) and points at the registry's socket.
-    fleet::choose_fleet(args.fleet);
     let registry_socket = fleet::server_dir("r").join(format!(".s.PGSQL.{}", fleet::port(fleet::REGISTRY_PORT)));
     let proxy = proxy::Proxy::start(registry_socket);
     let registry_dsn = format!("host=127.0.0.1 port={} user=postgres dbname={} connect_timeout=5", proxy.port, fleet::REGISTRY_DB);
