@@ -168,7 +168,7 @@ pub fn check_room(role: pg_sys::Oid) -> Result<(), TicketError> {
 /// `role` created a row in this (sub)transaction.
 pub fn created(role: pg_sys::Oid) {
     let Some(table) = capped(role, session_cap()) else { return };
-    let subxact = unsafe { pg_sys::GetCurrentSubTransactionId() };
+    let subxact = crate::xact::current_subtransaction();
     PENDING.with(|p| {
         let mut p = p.borrow_mut();
         p.created.push(Created { subxact, role, table: table.oid });

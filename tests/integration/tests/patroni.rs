@@ -165,19 +165,9 @@ impl Group {
         }
     }
 
-    fn postmaster(&self, node: usize) -> Option<i32> {
-        let pid_file = self.root.join(format!("node{}/postmaster.pid", node + 1));
-        std::fs::read_to_string(pid_file).ok()?.lines().next()?.trim().parse().ok()
-    }
-
     fn stop_all(&self) {
-        for pid in pids(&format!("patroni {}/", self.root.display())) {
-            unsafe { libc::kill(pid, libc::SIGKILL) };
-        }
         for node in 0..NODES {
-            if let Some(pm) = self.postmaster(node) {
-                unsafe { libc::kill(pm, libc::SIGKILL) };
-            }
+            self.kill_node(node);
         }
         for pid in pids(&format!("etcd --name e --data-dir {}/", self.root.display())) {
             unsafe { libc::kill(pid, libc::SIGKILL) };

@@ -13,6 +13,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 pub const REGISTRY_DB: &str = "registry";
+pub const WORK_DB: &str = "postgres";
 
 /// Which fleet of this machine (`nemesis run --fleet N`): fleet 0 lives in
 /// /tmp/pgt-nem-* on ports 55530-55533, fleet N in /tmp/pgt-nemN-* ten
@@ -36,7 +37,6 @@ pub fn server_dir(name: &str) -> PathBuf {
 pub fn port(port: u16) -> u16 {
     port + 10 * FLEET.load(std::sync::atomic::Ordering::SeqCst)
 }
-pub const WORK_DB: &str = "postgres";
 
 pub struct Server {
     pub name: String,

@@ -41,7 +41,7 @@ fn args() -> Args {
         command,
         seed: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 % 1_000_000_000,
         seconds: 600,
-        work: PathBuf::from("/tmp/pgt-nem-work"),
+        work: PathBuf::new(),
         client_bin: here.with_file_name("ticket-worker"),
         fleet: 0,
     };
@@ -57,8 +57,9 @@ fn args() -> Args {
         }
     }
     fleet::choose_fleet(args.fleet);
-    if args.fleet != 0 && args.work == Path::new("/tmp/pgt-nem-work") {
-        // Another fleet's history is not this one's to remove.
+    if args.work.as_os_str().is_empty() {
+        // The fleet's own (/tmp/pgt-nem-work for fleet 0): another fleet's
+        // history is not this one's to remove.
         args.work = fleet::server_dir("work");
     }
     args
