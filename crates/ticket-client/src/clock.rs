@@ -9,18 +9,23 @@ use ticket_core::snowflake::Clock;
 
 /// Milliseconds on CLOCK_BOOTTIME.
 pub fn boot_ms() -> i64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
-    // Cannot fail for a valid clock id and pointer.
-    let rc = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
-    assert_eq!(rc, 0, "clock_gettime(CLOCK_BOOTTIME)");
-    ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
+    clock_ms(libc::CLOCK_BOOTTIME)
 }
 
+/// Milliseconds on CLOCK_REALTIME (Unix ms; rounded down, so negative
+/// before 1970). Read directly rather than through `SystemTime`, whose
+/// checked subtraction and u128 milliseconds cost a stamp a fifth of its
+/// clock time.
 pub fn wall_ms() -> i64 {
-    match std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
-        Ok(d) => d.as_millis() as i64,
-        Err(e) => -(e.duration().as_millis() as i64),
-    }
+    clock_ms(libc::CLOCK_REALTIME)
+}
+
+fn clock_ms(clock: libc::clockid_t) -> i64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // Cannot fail for a valid clock id and pointer.
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
+    assert_eq!(rc, 0, "clock_gettime({clock})");
+    ts.tv_sec * 1000 + ts.tv_nsec / 1_000_000
 }
 
 pub struct WallClock;
@@ -60,6 +65,26 @@ impl ClockReading {
 
     pub fn check(&self, reckoning: &Reckoning) -> Result<(), StampRefusal> {
         reckoning.check_between(self.boot_before_ms, self.wall_ms, self.boot_after_ms)
+    }
+
+    /// A reading checked against `reckoning`, with one clock read fewer
+    /// when the caller kept an earlier boot reading of its own
+    /// (`earlier_boot_ms`, the last reading's `boot_after_ms`): that stands
+    /// in for the first boot reading, which it precedes. The check is then
+    /// never less strict — a drift measured against an earlier boot reading
+    /// is only larger (`Reckoning::check_between`) — but an old one may
+    /// refuse where a fresh one would not (the caller was idle for longer
+    /// than the drift allowed), so a refused reading is taken again in full.
+    pub fn checked(reckoning: &Reckoning, earlier_boot_ms: Option<i64>) -> Result<Self, StampRefusal> {
+        if let Some(boot_before_ms) = earlier_boot_ms {
+            let wall_ms = wall_ms();
+            let reading = ClockReading { boot_before_ms, wall_ms, boot_after_ms: boot_ms() };
+            if reading.check(reckoning).is_ok() {
+                return Ok(reading);
+            }
+        }
+        let reading = ClockReading::now();
+        reading.check(reckoning).map(|()| reading)
     }
 }
 
@@ -109,5 +134,44 @@ impl<C: Clock> Clock for CheckedWall<'_, C> {
     // generator stamps after it is the next `now_unix_ms`, kept above.
     fn pause_until(&self, unix_ms: i64, at_most_ms: u64) {
         self.inner.pause_until(unix_ms, at_most_ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A lease replied to just now: 60 s ttl, drift allowed 5 s.
+    fn fresh_reckoning() -> Reckoning {
+        let boot = boot_ms();
+        Reckoning { sent_at_ms: boot, ttl_ms: 60_000, replied_boot_ms: boot, replied_wall_ms: wall_ms(), stamp_cap_ms: i64::MAX, drift_allowed_ms: 5_000 }
+    }
+
+    #[test]
+    fn the_wall_clock_reads_as_the_standard_library_does() {
+        let std_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+        let (a, w, b) = (std_ms(), wall_ms(), std_ms());
+        assert!(a <= w && w <= b, "{a} <= {w} <= {b}");
+    }
+
+    #[test]
+    fn a_checked_reading_keeps_a_recent_boot_reading_and_replaces_an_old_one() {
+        let r = fresh_reckoning();
+        let recent = boot_ms();
+        let kept = ClockReading::checked(&r, Some(recent)).unwrap();
+        assert_eq!(kept.boot_before_ms, recent, "one clock read fewer");
+        assert!(kept.boot_after_ms >= recent);
+        // Idle for a minute by its own last reading: that reading alone
+        // would look like a 60 s step; a fresh reading stands in.
+        let old = recent - 60_000;
+        assert!(ClockReading { boot_before_ms: old, ..kept }.check(&r).is_err());
+        let replaced = ClockReading::checked(&r, Some(old)).unwrap();
+        assert!(replaced.boot_before_ms >= recent, "read again in full: {replaced:?}");
+        let full = ClockReading::checked(&r, None).unwrap();
+        assert!(full.boot_before_ms >= recent);
+        // A lease that may have ended is refused either way.
+        let ended = Reckoning { sent_at_ms: recent - 120_000, ..r };
+        assert_eq!(ClockReading::checked(&ended, Some(recent)).unwrap_err(), StampRefusal::MayHaveEnded);
+        assert_eq!(ClockReading::checked(&ended, None).unwrap_err(), StampRefusal::MayHaveEnded);
     }
 }

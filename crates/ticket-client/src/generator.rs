@@ -89,6 +89,8 @@ struct Held {
     lease: Published,
     ids: SharedState,
     last_stamp_ms: Option<i64>,
+    /// The boot clock as last read for a stamp (`ClockReading::checked`).
+    last_boot_ms: Option<i64>,
 }
 
 #[derive(Default)]
@@ -201,8 +203,8 @@ impl LeasedGenerator {
         // the later boot reading, the drift against both, so a pause
         // between the reads hides neither (one paused longer than half the
         // margin is refused as a step).
-        let first = ClockReading::now();
-        first.check(&reckoning).map_err(refused)?;
+        let first = ClockReading::checked(&reckoning, held.last_boot_ms).map_err(refused)?;
+        held.last_boot_ms = Some(first.boot_after_ms);
         let clock = CheckedWall::starting_with(&WallClock, first);
         // The generator never stamps past the cap (PastLease): it stamps the
         // first reading, or a later one after a wait.
@@ -252,6 +254,7 @@ impl LeaseHolder for Shared {
                     ids: SharedState::starting_after(lease.grant.not_before_ms, lease.grant.epoch_ms),
                     lease,
                     last_stamp_ms: None,
+                    last_boot_ms: None,
                 })
             }
         }

@@ -708,6 +708,33 @@ mod tests {
     }
 
     #[test]
+    fn an_earlier_first_boot_reading_is_never_less_strict() {
+        // ClockReading::checked stands in a caller's earlier boot reading for
+        // the first one of the sandwich: whatever passes with it must pass
+        // with the fresh one (the true drift lies between the two ends).
+        let r = Reckoning::from_reply(10_000, 60_000, 10_100, 500_100, &grant(560_000), 0);
+        let mut passed_with_earlier = 0;
+        for boot_after in (10_100..75_000).step_by(1_300) {
+            for wall in (480_000..580_000).step_by(1_700) {
+                for fresh_before in (boot_after - 9_000..=boot_after).step_by(900) {
+                    let fresh = r.check_between(fresh_before, wall, boot_after);
+                    for earlier in (fresh_before - 12_000..=fresh_before).step_by(1_100) {
+                        if r.check_between(earlier, wall, boot_after).is_ok() {
+                            passed_with_earlier += 1;
+                            assert_eq!(fresh, Ok(()), "earlier {earlier}, fresh {fresh_before}, wall {wall}, after {boot_after}");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(passed_with_earlier > 1_000, "the grid must reach readings that pass: {passed_with_earlier}");
+        // An old reading refuses (idle longer than the drift allowed) where a
+        // fresh one would not: the caller reads again in full.
+        assert_eq!(r.check_between(17_990, 508_000, 18_000), Ok(()));
+        assert!(matches!(r.check_between(1_000, 508_000, 18_000), Err(StampRefusal::ClockStepped { .. })));
+    }
+
+    #[test]
     fn clocks_must_agree_within_half_the_margin() {
         assert!(clocks_agree(100_000, 105_000, MARGIN));
         assert!(clocks_agree(100_000, 95_000, MARGIN));

@@ -1,0 +1,96 @@
+"""pg_ticket.django: invoices numbered gap-free under concurrent requests
+with rollbacks, on a real server (django.test.Client in threads, each with
+its own connection, as a threaded server has)."""
+
+import random
+import threading
+
+import pytest
+
+django = pytest.importorskip("django")
+from django.conf import settings  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def django_db(registry):
+    registry.execute("DROP DATABASE IF EXISTS py_django")
+    registry.execute("CREATE DATABASE py_django")
+    with registry.connect(dbname="py_django") as db:
+        db.execute("CREATE EXTENSION pg_ticket")
+    if not settings.configured:
+        settings.configure(
+            DATABASES={
+                "default": {
+                    "ENGINE": "django.db.backends.postgresql",
+                    "NAME": "py_django",
+                    "USER": "postgres",
+                    "HOST": str(registry.dir),
+                    "PORT": str(registry.port),
+                }
+            },
+            INSTALLED_APPS=["djapp"],
+            ROOT_URLCONF="djapp.views",
+            ALLOWED_HOSTS=["testserver"],
+            MIDDLEWARE=[],
+            DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
+            USE_TZ=True,
+        )
+        django.setup()
+    from django.db import connection
+
+    from djapp.models import Invoice
+
+    with connection.schema_editor() as editor:
+        editor.create_model(Invoice)
+    yield
+    connection.close()
+
+
+def test_invoices_are_numbered_without_gaps_under_concurrent_requests(django_db):
+    from django.db import connection
+    from django.test import Client
+
+    from djapp.models import Invoice
+
+    answered = []
+    lock = threading.Lock()
+
+    def requests(seed):
+        rng = random.Random(seed)
+        client = Client()
+        for _ in range(40):
+            shop = rng.choice(["a", "b"])
+            fail = rng.random() < 0.25
+            reply = client.post(f"/shops/{shop}/invoices", {"fail": "1" if fail else "0"})
+            with lock:
+                answered.append((shop, fail, reply.status_code, reply.json()["number"] if reply.status_code == 200 else None))
+        connection.close()  # this thread's connection
+
+    threads = [threading.Thread(target=requests, args=(seed,)) for seed in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(answered) == 320
+    assert all(status == (409 if fail else 200) for _, fail, status, _ in answered)
+    rolled_back = sum(fail for _, fail, _, _ in answered)
+    assert rolled_back > 20, "the rollbacks are part of the test"
+    for shop in ["a", "b"]:
+        committed = sorted(number for s, _, status, number in answered if s == shop and status == 200)
+        stored = sorted(Invoice.objects.filter(shop=shop).values_list("number", flat=True))
+        assert stored == committed == list(range(1, len(committed) + 1)), f"shop {shop}: a gap or a number twice"
+
+
+def test_the_helpers_refuse_the_wrong_transaction(django_db):
+    from django.db import transaction
+
+    from pg_ticket.django import next_scoped_id, reserve_block
+
+    with pytest.raises(transaction.TransactionManagementError):
+        next_scoped_id("shop-c", "invoice/2026")
+    with transaction.atomic():
+        assert next_scoped_id("shop-c", "invoice/2026") == 1
+        with pytest.raises(transaction.TransactionManagementError):
+            reserve_block("django-blocks", 10)
+    assert reserve_block("django-blocks", 10) == (1, 10)
+    assert reserve_block("django-blocks", 10) == (11, 20)

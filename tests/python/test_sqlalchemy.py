@@ -1,0 +1,68 @@
+"""pg_ticket.sqlalchemy on a real server: numbers commit or roll back with
+the session's transaction; blocks are committed before they are returned."""
+
+import threading
+
+import pytest
+
+sqlalchemy = pytest.importorskip("sqlalchemy")
+from sqlalchemy import BigInteger, String, UniqueConstraint, create_engine  # noqa: E402
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column  # noqa: E402
+
+from pg_ticket.sqlalchemy import next_scoped_id, reserve_block  # noqa: E402
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Invoice(Base):
+    __tablename__ = "sa_invoices"
+    __table_args__ = (UniqueConstraint("shop", "number"),)
+    id: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=True)
+    shop: Mapped[str] = mapped_column(String(40))
+    number: Mapped[int] = mapped_column(BigInteger)
+
+
+@pytest.fixture(scope="module")
+def engine(registry):
+    registry.execute("DROP DATABASE IF EXISTS py_sqlalchemy")
+    registry.execute("CREATE DATABASE py_sqlalchemy")
+    with registry.connect(dbname="py_sqlalchemy") as db:
+        db.execute("CREATE EXTENSION pg_ticket")
+    engine = create_engine(f"postgresql+psycopg://postgres@/py_sqlalchemy?host={registry.dir}&port={registry.port}", pool_size=8)
+    Base.metadata.create_all(engine)
+    yield engine
+    engine.dispose()
+
+
+def test_numbers_follow_the_sessions_transactions(engine):
+    def invoices(seed):
+        for i in range(60):
+            with Session(engine) as session:
+                number = next_scoped_id(session, "shop-sa", "invoice/2026")
+                session.add(Invoice(shop="sa", number=number))
+                if (seed + i) % 4 == 0:
+                    session.rollback()
+                else:
+                    session.commit()
+
+    threads = [threading.Thread(target=invoices, args=(seed,)) for seed in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    with Session(engine) as session:
+        numbers = sorted(n for (n,) in session.query(Invoice.number).filter(Invoice.shop == "sa"))
+    assert len(numbers) == 6 * 60 - sum(1 for seed in range(6) for i in range(60) if (seed + i) % 4 == 0)
+    assert numbers == list(range(1, len(numbers) + 1)), "a gap or a number twice"
+
+
+def test_blocks_are_committed_in_a_transaction_of_their_own(engine):
+    assert reserve_block(engine, "sa-blocks", 100) == (1, 100)
+    with Session(engine) as session:
+        with pytest.raises(TypeError):
+            reserve_block(session, "sa-blocks", 100)
+        session.rollback()
+    # Committed: a rollback elsewhere does not hand the block out again.
+    assert reserve_block(engine, "sa-blocks", 100) == (101, 200)
