@@ -36,6 +36,13 @@ class Server:
         with self.connect() as db:
             db.execute(sql, params)
 
+    def fresh_db(self, name):
+        """A new database `name` (dropped first if it exists) with the extension."""
+        self.execute(f"DROP DATABASE IF EXISTS {name}")
+        self.execute(f"CREATE DATABASE {name}")
+        with self.connect(dbname=name) as db:
+            db.execute("CREATE EXTENSION pg_ticket")
+
     def query(self, sql, params=()):
         with self.connect() as db:
             return db.execute(sql, params).fetchall()
@@ -60,16 +67,11 @@ class Server:
                 pass
 
 
-def start(name, port, *conf):
-    server = Server(name, port, conf)
-    return server
-
-
 @pytest.fixture(scope="session")
 def registry():
     """A registry with a 1 s margin and ttls of at most 3 s: leases end,
     and ids come free, within seconds."""
-    server = start("registry", 55700, "pg_ticket.lease_margin = '1s'", "pg_ticket.lease_max_ttl = '3s'")
+    server = Server("registry", 55700, ["pg_ticket.lease_margin = '1s'", "pg_ticket.lease_max_ttl = '3s'"])
     yield server
     server.stop("immediate")
 
@@ -77,7 +79,7 @@ def registry():
 @pytest.fixture()
 def own_registry(request):
     """A registry of the test's own, for tests that stop or freeze it."""
-    server = start("own", 55701, "pg_ticket.lease_margin = '1s'", "pg_ticket.lease_max_ttl = '3s'")
+    server = Server("own", 55701, ["pg_ticket.lease_margin = '1s'", "pg_ticket.lease_max_ttl = '3s'"])
     yield server
     server.signal_all(signal.SIGCONT)
     server.stop("immediate")

@@ -13,10 +13,7 @@ from django.conf import settings  # noqa: E402
 
 @pytest.fixture(scope="module")
 def django_db(registry):
-    registry.execute("DROP DATABASE IF EXISTS py_django")
-    registry.execute("CREATE DATABASE py_django")
-    with registry.connect(dbname="py_django") as db:
-        db.execute("CREATE EXTENSION pg_ticket")
+    registry.fresh_db("py_django")
     if not settings.configured:
         settings.configure(
             DATABASES={

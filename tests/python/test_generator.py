@@ -12,7 +12,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 import pg_ticket
-from conftest import ROOT, wait_until
+from conftest import wait_until
 
 
 def state_of(registry, machine_id):

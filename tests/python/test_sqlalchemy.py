@@ -26,10 +26,7 @@ class Invoice(Base):
 
 @pytest.fixture(scope="module")
 def engine(registry):
-    registry.execute("DROP DATABASE IF EXISTS py_sqlalchemy")
-    registry.execute("CREATE DATABASE py_sqlalchemy")
-    with registry.connect(dbname="py_sqlalchemy") as db:
-        db.execute("CREATE EXTENSION pg_ticket")
+    registry.fresh_db("py_sqlalchemy")
     engine = create_engine(f"postgresql+psycopg://postgres@/py_sqlalchemy?host={registry.dir}&port={registry.port}", pool_size=8)
     Base.metadata.create_all(engine)
     yield engine
