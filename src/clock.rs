@@ -3,9 +3,9 @@
 
 use pgrx::prelude::*;
 
-/// The wall clock in Unix ms: CLOCK_REALTIME through the vDSO, no system
-/// call, read as the leased clients read it. Before 1970 (a badly set
-/// clock) it is negative.
+/// The wall clock in Unix ms: CLOCK_REALTIME (through the vDSO, no system
+/// call, unless libfaketime stands in), read as the leased clients read it.
+/// Before 1970 (a badly set clock) it is negative.
 #[inline]
 pub fn now_unix_ms() -> i64 {
     ticket_client::clock::wall_ms()

@@ -91,3 +91,16 @@ def test_the_helpers_refuse_the_wrong_transaction(django_db):
             reserve_block("django-blocks", 10)
     assert reserve_block("django-blocks", 10) == (1, 10)
     assert reserve_block("django-blocks", 10) == (11, 20)
+    # Autocommit turned off is a transaction too: a block reserved in it
+    # could be rolled back and handed out again (found by review).
+    transaction.set_autocommit(False)
+    try:
+        with pytest.raises(transaction.TransactionManagementError):
+            reserve_block("django-blocks", 10)
+        assert next_scoped_id("shop-c", "invoice/2026") == 2
+        transaction.rollback()
+        assert next_scoped_id("shop-c", "invoice/2026") == 2, "rolled back with the transaction"
+        transaction.commit()
+    finally:
+        transaction.set_autocommit(True)
+    assert reserve_block("django-blocks", 10) == (21, 30)

@@ -219,3 +219,74 @@ print("ok")
 def test_an_inherited_generator_or_pool_refuses_in_a_forked_child(registry):
     done = subprocess.run([sys.executable, "-c", FORKED, registry.dsn], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+CLOSE_DURING_A_CALL = """
+import sys, threading, time
+import pg_ticket
+g = pg_ticket.LeasedGenerator(sys.argv[1], "py-close-race", ttl=3.0)
+outcome = []
+def draw():
+    try:
+        g.next_ids(50_000_000)
+        outcome.append("finished")
+    except pg_ticket.Closed:
+        outcome.append("closed")
+t = threading.Thread(target=draw)
+t.start()
+time.sleep(0.2)
+ticks = []
+ticker = threading.Thread(target=lambda: [ticks.append(time.sleep(0.01)) for _ in range(50)])
+ticker.start()
+g.close()
+t.join()
+ticker.join()
+assert outcome == ["closed"], outcome
+assert len(ticks) == 50
+print("ok")
+"""
+
+
+def test_close_waits_for_a_call_under_way_without_stopping_other_threads(registry):
+    """close() while another thread is in next_ids: the call ends (its
+    current slice made, the rest refused as Closed), close() returns, and
+    other threads run meanwhile; in a process of its own, so that the two
+    waiting for each other (0.4.0's first cut: close() waited for the lock
+    holding the GIL, the caller for the GIL holding the lock) fails the
+    test instead of hanging it."""
+    done = subprocess.run([sys.executable, "-c", CLOSE_DURING_A_CALL, registry.dsn], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+FORK_DURING_A_CALL = """
+import os, sys, threading, time
+import pg_ticket
+pool = pg_ticket.BlockPool("host=/nowhere port=1", "x", 10, wait=3.0)
+def waiting():
+    try:
+        pool.next_id()
+    except pg_ticket.BlocksExhausted:
+        pass
+t = threading.Thread(target=waiting)
+t.start()
+time.sleep(0.3)  # the thread is inside next_id, holding the pool's lock
+pid = os.fork()
+if pid == 0:
+    try:
+        pool.next_id()
+        os._exit(3)
+    except pg_ticket.Forked:
+        pass
+    pool.close()  # must not wait for a lock held by a thread the child does not have
+    sys.exit(0)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, status
+t.join()
+pool.close()
+print("ok")
+"""
+
+
+def test_a_fork_while_another_thread_is_inside_a_call_hangs_nothing():
+    done = subprocess.run([sys.executable, "-c", FORK_DURING_A_CALL], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr

@@ -9,6 +9,7 @@ sqlalchemy = pytest.importorskip("sqlalchemy")
 from sqlalchemy import BigInteger, String, UniqueConstraint, create_engine  # noqa: E402
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column  # noqa: E402
 
+import pg_ticket  # noqa: E402
 from pg_ticket.sqlalchemy import next_scoped_id, reserve_block  # noqa: E402
 
 
@@ -63,3 +64,29 @@ def test_blocks_are_committed_in_a_transaction_of_their_own(engine):
         session.rollback()
     # Committed: a rollback elsewhere does not hand the block out again.
     assert reserve_block(engine, "sa-blocks", 100) == (101, 200)
+
+
+def test_numbers_are_refused_where_they_would_commit_alone(engine):
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as connection:
+        with pytest.raises(pg_ticket.Error):
+            next_scoped_id(connection, "shop-sa-ac", "invoice/2026")
+
+
+def test_the_helpers_call_the_extension_in_its_own_schema(registry):
+    """The extension in a schema off the search_path, and a same-named
+    function earlier on it: the helpers find pg_ticket's, by schema."""
+    registry.execute("DROP DATABASE IF EXISTS py_schema")
+    registry.execute("CREATE DATABASE py_schema")
+    with registry.connect(dbname="py_schema") as db:
+        db.execute("CREATE SCHEMA ids")
+        db.execute("CREATE EXTENSION pg_ticket SCHEMA ids")
+        db.execute("CREATE FUNCTION public.next_scoped_id(text, text) RETURNS bigint LANGUAGE sql AS 'SELECT 42::bigint'")
+        db.execute("CREATE FUNCTION public.reserve_block(text, bigint) RETURNS TABLE(first_id bigint, last_id bigint) LANGUAGE sql AS 'SELECT 42::bigint, 42::bigint'")
+    engine = create_engine(f"postgresql+psycopg://postgres@/py_schema?host={registry.dir}&port={registry.port}")
+    try:
+        with Session(engine) as session:
+            assert [next_scoped_id(session, "q", "d") for _ in range(3)] == [1, 2, 3]
+            session.commit()
+        assert reserve_block(engine, "b", 5) == (1, 5)
+    finally:
+        engine.dispose()

@@ -12,7 +12,10 @@
 //!
 //! Locking: each object holds its Rust allocator behind a `RwLock` only so
 //! that `close()` can take it away while other threads use it; the
-//! allocators lock inside themselves (`&self` everywhere).
+//! allocators lock inside themselves (`&self` everywhere). No lock is ever
+//! waited for with the GIL held: a thread holding the GIL while it waits for
+//! a lock that a thread waiting for the GIL holds would stop both (and with
+//! them the interpreter).
 //!
 //! `fork()`: a child gets a copy of a generator's state (the same machine
 //! id, the same last stamp) and of a pool's blocks, but not their threads.
@@ -84,41 +87,57 @@ impl MadeIn {
 
 /// The allocator of an object, or nothing once closed; in a forked child
 /// it is forgotten, never dropped (see the module comment).
-struct Held<T> {
+struct Held<T: Send + 'static> {
     inner: RwLock<Option<T>>,
     made_in: MadeIn,
     what: &'static str,
 }
 
-impl<T> Held<T> {
+impl<T: Send + 'static> Held<T> {
     fn new(value: T, what: &'static str) -> Self {
         Held { inner: RwLock::new(Some(value)), made_in: MadeIn::now(), what }
     }
 
-    /// `f` of the allocator, if open and not inherited through a fork.
-    fn with<R>(&self, f: impl FnOnce(&T) -> PyResult<R>) -> PyResult<R> {
+    /// `f` of the allocator, run with the GIL released, if the object is
+    /// open and was not inherited through a fork.
+    fn call<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&T) -> Result<R, ClientError> + Send) -> PyResult<R>
+    where
+        T: Send + Sync,
+    {
         self.made_in.check(self.what)?;
-        let guard = self.inner.read().unwrap_or_else(|p| p.into_inner());
-        match guard.as_ref() {
-            Some(open) => f(open),
+        match py.detach(|| self.inner.read().unwrap_or_else(|p| p.into_inner()).as_ref().map(f)) {
+            Some(done) => done.map_err(to_py),
             None => Err(Closed::new_err(format!("the {} was closed", self.what))),
         }
     }
 
-    fn take(&self) -> Option<T> {
-        let taken = self.inner.write().unwrap_or_else(|p| p.into_inner()).take();
+    /// The allocator, taken out (once) after every call under way ended;
+    /// nothing in a forked child, whose copy is the parent's (and whose lock
+    /// may be held by a thread the child does not have).
+    fn take(&self, py: Python<'_>) -> Option<T>
+    where
+        T: Send + Sync,
+    {
         if self.made_in.forked_since() {
-            std::mem::forget(taken);
             return None;
         }
-        taken
+        py.detach(|| self.inner.write().unwrap_or_else(|p| p.into_inner()).take())
     }
 }
 
-impl<T> Drop for Held<T> {
+/// An object freed without `close()`: in a forked child its allocator is
+/// forgotten (see the module comment); otherwise it is closed in a thread of
+/// its own, since closing waits (for the release of the lease, for a
+/// reservation under way) and whoever frees the object holds the GIL. At
+/// the interpreter's exit that thread may not finish: the lease then ends
+/// at its ttl, unreleased (`close()` or `with` release it at once).
+impl<T: Send + 'static> Drop for Held<T> {
     fn drop(&mut self) {
+        let left = self.inner.get_mut().unwrap_or_else(|p| p.into_inner()).take();
         if self.made_in.forked_since() {
-            std::mem::forget(self.inner.get_mut().unwrap_or_else(|p| p.into_inner()).take());
+            std::mem::forget(left);
+        } else if let Some(open) = left {
+            let _ = std::thread::Builder::new().name("ticket-close".into()).spawn(move || drop(open));
         }
     }
 }
@@ -129,7 +148,9 @@ fn to_py(e: ClientError) -> PyErr {
         ClientError::InvalidConfig(_) => InvalidConfig::new_err(message),
         ClientError::NoLease { .. } => NoLease::new_err(message),
         ClientError::LeaseMayHaveEnded { .. } => LeaseLost::new_err(message),
-        ClientError::ClockSkew { .. } | ClientError::ClockStepped { .. } => ClockError::new_err(message),
+        ClientError::ClockSkew { .. }
+        | ClientError::ClockStepped { .. }
+        | ClientError::Snowflake(ticket_core::snowflake::SnowflakeError::ClockBehind { .. }) => ClockError::new_err(message),
         ClientError::BlocksExhausted { .. } => BlocksExhausted::new_err(message),
         _ => Error::new_err(message),
     }
@@ -189,55 +210,65 @@ impl LeasedGenerator {
             Err(ClientError::NoLease { .. }) => None,
             Err(other) => Some(Err(other)),
         });
-        match held {
-            Ok(Some(Ok(()))) => Ok(LeasedGenerator(Held::new(generator, "generator"))),
-            Ok(Some(Err(e))) => Err(to_py(e)),
+        let failed = match held {
+            Ok(Some(Ok(()))) => return Ok(LeasedGenerator(Held::new(generator, "generator"))),
+            Ok(Some(Err(e))) => to_py(e),
             // Timed out: the error says why (the registry's last refusal).
-            Ok(None) => Err(to_py(generator.wait_for_lease(Duration::ZERO).err().unwrap_or(ClientError::NoLease { last_error: None }))),
-            Err(interrupted) => Err(interrupted),
-        }
-        // On every error the generator is dropped here: its thread stops
-        // and releases whatever it leased meanwhile.
+            Ok(None) => to_py(generator.wait_for_lease(Duration::ZERO).err().unwrap_or(ClientError::NoLease { last_error: None })),
+            Err(interrupted) => interrupted,
+        };
+        // Its thread stops and releases whatever it leased meanwhile.
+        py.detach(|| drop(generator));
+        Err(failed)
     }
 
     /// The next ID.
     fn next_id(&self, py: Python<'_>) -> PyResult<i64> {
-        self.0.with(|generator| py.detach(|| generator.next_id()).map_err(to_py))
+        self.0.call(py, |generator| generator.next_id())
     }
 
-    /// The next `n` IDs (increasing), made with the GIL released once.
+    /// The next `n` IDs (increasing), made with the GIL released, taken
+    /// back between slices of `IDS_PER_SLICE` to check for signals.
     fn next_ids(&self, py: Python<'_>, n: usize) -> PyResult<Vec<i64>> {
-        self.0.with(|generator| py.detach(|| (0..n).map(|_| generator.next_id()).collect::<Result<Vec<i64>, _>>()).map_err(to_py))
+        let mut ids = Vec::with_capacity(n.min(IDS_PER_SLICE));
+        while ids.len() < n {
+            let slice = (n - ids.len()).min(IDS_PER_SLICE);
+            ids.extend(self.0.call(py, |generator| (0..slice).map(|_| generator.next_id()).collect::<Result<Vec<i64>, _>>())?);
+            if ids.len() < n {
+                py.check_signals()?;
+            }
+        }
+        Ok(ids)
     }
 
     /// The machine id leased now (None between leases).
     #[getter]
-    fn machine_id(&self) -> PyResult<Option<u16>> {
-        self.grant(|grant| grant.machine_id)
+    fn machine_id(&self, py: Python<'_>) -> PyResult<Option<u16>> {
+        self.grant(py, |grant| grant.machine_id)
     }
 
     /// The fencing token of the lease held now (None between leases).
     #[getter]
-    fn lease(&self) -> PyResult<Option<i64>> {
-        self.grant(|grant| grant.lease)
+    fn lease(&self, py: Python<'_>) -> PyResult<Option<i64>> {
+        self.grant(py, |grant| grant.lease)
     }
 
     /// The registry's pg_ticket.machine_bits: decode(id, machine_bits=...).
     #[getter]
-    fn machine_bits(&self) -> PyResult<Option<u32>> {
-        self.grant(|grant| grant.layout.machine_bits())
+    fn machine_bits(&self, py: Python<'_>) -> PyResult<Option<u32>> {
+        self.grant(py, |grant| grant.layout.machine_bits())
     }
 
     /// The registry's pg_ticket.epoch in Unix ms.
     #[getter]
-    fn epoch_ms(&self) -> PyResult<Option<i64>> {
-        self.grant(|grant| grant.epoch_ms)
+    fn epoch_ms(&self, py: Python<'_>) -> PyResult<Option<i64>> {
+        self.grant(py, |grant| grant.epoch_ms)
     }
 
     /// Stops renewing and releases the lease, reporting the last stamp to
     /// the registry (so the id is free again after the margin). Idempotent.
     fn close(&self, py: Python<'_>) {
-        let taken = self.0.take();
+        let taken = self.0.take(py);
         py.detach(|| drop(taken));
     }
 
@@ -253,10 +284,14 @@ impl LeasedGenerator {
 }
 
 impl LeasedGenerator {
-    fn grant<R>(&self, part: impl Fn(&ticket_client::Grant) -> R) -> PyResult<Option<R>> {
-        self.0.with(|generator| Ok(generator.lease().as_ref().map(part)))
+    fn grant<R: Send>(&self, py: Python<'_>, part: impl Fn(&ticket_client::Grant) -> R + Send) -> PyResult<Option<R>> {
+        self.0.call(py, |generator| Ok(generator.lease().as_ref().map(part)))
     }
 }
+
+/// IDs `next_ids` makes between two checks for signals (about 1 ms at the
+/// layout's cap).
+const IDS_PER_SLICE: usize = 4096;
 
 /// BlockPool(dsn, name, block_size, wait=5.0)
 ///
@@ -281,13 +316,13 @@ impl BlockPool {
 
     /// The next ID of the pool's blocks.
     fn next_id(&self, py: Python<'_>) -> PyResult<i64> {
-        self.0.with(|pool| py.detach(|| pool.next_id()).map_err(to_py))
+        self.0.call(py, |pool| pool.next_id())
     }
 
     /// Stops fetching (after a reservation under way) and returns the
     /// ranges (first, last) reserved and never handed out. Idempotent.
     fn close(&self, py: Python<'_>) -> Vec<(i64, i64)> {
-        let taken = self.0.take();
+        let taken = self.0.take(py);
         py.detach(|| taken.map(|pool| pool.close().1).unwrap_or_default())
     }
 

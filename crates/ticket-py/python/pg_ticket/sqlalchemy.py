@@ -1,13 +1,13 @@
 """pg_ticket's SQL allocators from SQLAlchemy 2 (``pip install pg-ticket[sqlalchemy]``).
 
-Plain SQL; the database needs the extension (``CREATE EXTENSION
-pg_ticket``) in a schema on its ``search_path``.
+Plain SQL, calling the extension's functions in its own schema (looked up
+once per connection; the database needs ``CREATE EXTENSION pg_ticket``).
 
 ``next_scoped_id`` runs in the session's (or connection's) transaction: the
-number is gap-free when it commits with the row that uses it.
-``reserve_block`` takes the Engine and commits the reservation in a
-transaction of its own before it returns: a block is used only after its
-reservation committed.
+number is gap-free when it commits with the row that uses it (refused on an
+AUTOCOMMIT connection, where it would commit at once). ``reserve_block``
+takes the Engine and commits the reservation in a transaction of its own
+before it returns: a block is used only after its reservation committed.
 """
 
 from typing import Tuple, Union
@@ -16,10 +16,24 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
+from ._native import Error
+from ._schema import extension_schema
+
+
+def _schema(connection: Connection) -> str:
+    return extension_schema(connection.connection.dbapi_connection, lambda sql: connection.execute(text(sql)).scalar())
+
 
 def next_scoped_id(session: Union[Session, Connection], queue: str, domain: str) -> int:
     """The next value of the scope (queue, domain), in the caller's transaction."""
-    return session.execute(text("SELECT next_scoped_id(:queue, :domain)"), {"queue": queue, "domain": domain}).scalar_one()
+    connection = session.connection() if isinstance(session, Session) else session
+    if getattr(connection.connection.dbapi_connection, "autocommit", False):
+        raise Error(
+            "pg_ticket.sqlalchemy.next_scoped_id on an AUTOCOMMIT connection: "
+            "its number is gap-free only if it commits with the row that uses it"
+        )
+    statement = text(f"SELECT {_schema(connection)}.next_scoped_id(:queue, :domain)")
+    return connection.execute(statement, {"queue": queue, "domain": domain}).scalar_one()
 
 
 def reserve_block(engine: Engine, name: str, size: int) -> Tuple[int, int]:
@@ -30,5 +44,6 @@ def reserve_block(engine: Engine, name: str, size: int) -> Tuple[int, int]:
             "in a transaction of its own (a block is used only after its reservation committed)"
         )
     with engine.begin() as connection:
-        row = connection.execute(text("SELECT first_id, last_id FROM reserve_block(:name, :size)"), {"name": name, "size": size}).one()
+        statement = text(f"SELECT first_id, last_id FROM {_schema(connection)}.reserve_block(:name, :size)")
+        row = connection.execute(statement, {"name": name, "size": size}).one()
     return row.first_id, row.last_id

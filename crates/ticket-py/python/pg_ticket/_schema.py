@@ -1,0 +1,34 @@
+"""Where the helpers find pg_ticket's functions: by the extension's own
+schema, looked up once per database connection, not through the
+search_path — which may not hold that schema, or may hold a same-named
+function earlier (the Rust client calls by schema too)."""
+
+import weakref
+
+from ._native import Error
+
+LOOKUP = (
+    "SELECT quote_ident(n.nspname) FROM pg_extension e"
+    " JOIN pg_namespace n ON n.oid = e.extnamespace WHERE e.extname = 'pg_ticket'"
+)
+
+_schemas = weakref.WeakKeyDictionary()
+
+
+def extension_schema(dbapi_connection, fetch_one):
+    """The extension's schema, quoted for SQL. `fetch_one(sql)` runs the
+    lookup on that connection and returns the first column of its row, or
+    None. A schema changed later (ALTER EXTENSION ... SET SCHEMA) is seen
+    on a new connection."""
+    try:
+        return _schemas[dbapi_connection]
+    except (KeyError, TypeError):
+        pass
+    schema = fetch_one(LOOKUP)
+    if schema is None:
+        raise Error("pg_ticket is not installed in this database (CREATE EXTENSION pg_ticket)")
+    try:
+        _schemas[dbapi_connection] = schema
+    except TypeError:  # a connection object that takes no weak reference: look up each time
+        pass
+    return schema
