@@ -60,12 +60,37 @@ struct Cache {
     roles: HashMap<pg_sys::Oid, RoleRights>,
     decided: usize,
     key: Vec<u8>,
-    /// The last decision (its role and key): a caller usually asks for the
-    /// same scope again, and this answers it without hashing (the hashes
-    /// of the maps above cost more than the rest of a call).
-    last_role: pg_sys::Oid,
-    last_key: Vec<u8>,
-    last_answer: Option<bool>,
+    /// A caller usually asks for the same scope again: this answers it
+    /// without hashing, or even copying the names (the hashes of the maps
+    /// above cost more than the rest of a call).
+    last: Option<LastDecision>,
+}
+
+/// The last decision: its role, kind and names, and the answer.
+struct LastDecision {
+    role: pg_sys::Oid,
+    kind: RightKind,
+    queue: Vec<u8>,
+    domain: Vec<u8>,
+    answer: bool,
+}
+
+impl LastDecision {
+    fn answers(&self, role: pg_sys::Oid, kind: RightKind, queue: &[u8], domain: &[u8]) -> Option<bool> {
+        (self.role == role && self.kind == kind && self.queue == queue && self.domain == domain).then_some(self.answer)
+    }
+
+    /// Remembers a decision, reusing the names' buffers.
+    fn remember(last: &mut Option<LastDecision>, role: pg_sys::Oid, kind: RightKind, queue: &[u8], domain: &[u8], answer: bool) {
+        let l = last.get_or_insert_with(|| LastDecision { role, kind, queue: Vec::new(), domain: Vec::new(), answer });
+        l.role = role;
+        l.kind = kind;
+        l.queue.clear();
+        l.queue.extend_from_slice(queue);
+        l.domain.clear();
+        l.domain.extend_from_slice(domain);
+        l.answer = answer;
+    }
 }
 
 /// The memo key of `(kind, queue, domain)`, written into `key`.
@@ -107,12 +132,6 @@ pub fn check(kind: RightKind, queue: Name<'_>, domain: Name<'_>, label: impl FnO
 
 /// The decision for `role`, from the memo or its grants.
 fn allowed(role: pg_sys::Oid, kind: RightKind, queue: &[u8], domain: &[u8]) -> bool {
-    if !CALLBACKS_REGISTERED.replace(true) {
-        unsafe {
-            pg_sys::CacheRegisterSyscacheCallback(pg_sys::SysCacheIdentifier::AUTHOID as i32, Some(on_role_change), pg_sys::Datum::from(0));
-            pg_sys::CacheRegisterSyscacheCallback(pg_sys::SysCacheIdentifier::AUTHMEMROLEMEM as i32, Some(on_role_change), pg_sys::Datum::from(0));
-        }
-    }
     let generation = state_tables::generation();
     let role_changes = ROLE_CHANGES.get();
     let (known, remembered) = CACHE.with(|c| {
@@ -123,10 +142,9 @@ fn allowed(role: pg_sys::Oid, kind: RightKind, queue: &[u8], domain: &[u8]) -> b
             c.decided = 0;
             c.generation = generation;
             c.role_changes = role_changes;
-            c.last_answer = None;
+            c.last = None;
         }
-        write_key(&mut c.key, kind, queue, domain);
-        if let Some(answer) = c.last_answer.filter(|_| c.last_role == role && c.last_key == c.key) {
+        if let Some(answer) = c.last.as_ref().and_then(|last| last.answers(role, kind, queue, domain)) {
             return (true, Some(answer));
         }
         let known = c.roles.contains_key(&role);
@@ -141,6 +159,14 @@ fn allowed(role: pg_sys::Oid, kind: RightKind, queue: &[u8], domain: &[u8]) -> b
         return answer;
     }
     if !known {
+        // Before anything is kept: from here on every change of a role or
+        // membership moves ROLE_CHANGES, which empties what was kept.
+        if !CALLBACKS_REGISTERED.replace(true) {
+            unsafe {
+                pg_sys::CacheRegisterSyscacheCallback(pg_sys::SysCacheIdentifier::AUTHOID as i32, Some(on_role_change), pg_sys::Datum::from(0));
+                pg_sys::CacheRegisterSyscacheCallback(pg_sys::SysCacheIdentifier::AUTHMEMROLEMEM as i32, Some(on_role_change), pg_sys::Datum::from(0));
+            }
+        }
         // Read outside the borrow: an invalidation may arrive meanwhile.
         let rights = read(role);
         // One that arrived while reading: this read may predate it, so it
@@ -152,7 +178,7 @@ fn allowed(role: pg_sys::Oid, kind: RightKind, queue: &[u8], domain: &[u8]) -> b
     }
     CACHE.with(|c| {
         let mut c = c.borrow_mut();
-        let Cache { roles, key, decided, last_role, last_key, last_answer, .. } = &mut *c;
+        let Cache { roles, key, decided, last, .. } = &mut *c;
         let Some(rights) = roles.get_mut(&role) else { return false };
         write_key(key, kind, queue, domain);
         let answer = if rights.bypass {
@@ -170,9 +196,7 @@ fn allowed(role: pg_sys::Oid, kind: RightKind, queue: &[u8], domain: &[u8]) -> b
             *decided += 1;
             answer
         };
-        *last_role = role;
-        last_key.clone_from(key);
-        *last_answer = Some(answer);
+        LastDecision::remember(last, role, kind, queue, domain, answer);
         answer
     })
 }

@@ -85,6 +85,31 @@ def own_registry(request):
     server.stop("immediate")
 
 
+# A schema name its drivers would misread if pasted into SQL as it is: "%"
+# is psycopg's placeholder, ":x" SQLAlchemy's bind parameter.
+ODD_SCHEMA = "ids%%:x"
+
+
+@pytest.fixture(scope="session")
+def odd_schema_db(registry):
+    """Database py_schema: the extension in ODD_SCHEMA, off the search_path,
+    and decoys of both functions where a misread name or the search_path
+    would lead (public, and the name with "%%" read as "%")."""
+    registry.execute("DROP DATABASE IF EXISTS py_schema")
+    registry.execute("CREATE DATABASE py_schema")
+    with registry.connect(dbname="py_schema") as db:
+        db.execute(f'CREATE SCHEMA "{ODD_SCHEMA}"')
+        db.execute(f'CREATE EXTENSION pg_ticket SCHEMA "{ODD_SCHEMA}"')
+        for schema in ["public", ODD_SCHEMA.replace("%%", "%")]:
+            db.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+            db.execute(f'CREATE FUNCTION "{schema}".next_scoped_id(text, text) RETURNS bigint LANGUAGE sql AS $$SELECT 42::bigint$$')
+            db.execute(
+                f'CREATE FUNCTION "{schema}".reserve_block(text, bigint) RETURNS TABLE(first_id bigint, last_id bigint)'
+                " LANGUAGE sql AS $$SELECT 42::bigint, 42::bigint$$"
+            )
+    return "py_schema"
+
+
 def wait_until(what, condition, seconds=20.0):
     deadline = time.monotonic() + seconds
     while not condition():

@@ -12,7 +12,7 @@ from django.conf import settings  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def django_db(registry):
+def django_db(registry, odd_schema_db):
     registry.fresh_db("py_django")
     if not settings.configured:
         settings.configure(
@@ -23,7 +23,14 @@ def django_db(registry):
                     "USER": "postgres",
                     "HOST": str(registry.dir),
                     "PORT": str(registry.port),
-                }
+                },
+                "odd_schema": {
+                    "ENGINE": "django.db.backends.postgresql",
+                    "NAME": odd_schema_db,
+                    "USER": "postgres",
+                    "HOST": str(registry.dir),
+                    "PORT": str(registry.port),
+                },
             },
             INSTALLED_APPS=["djapp"],
             ROOT_URLCONF="djapp.views",
@@ -104,3 +111,16 @@ def test_the_helpers_refuse_the_wrong_transaction(django_db):
     finally:
         transaction.set_autocommit(True)
     assert reserve_block("django-blocks", 10) == (21, 30)
+
+
+def test_the_helpers_call_the_extension_in_its_own_schema(django_db):
+    """A schema name psycopg would misread ("%"), off the search_path, with
+    decoys where a misread name or the search_path would lead."""
+    from django.db import connections, transaction
+
+    from pg_ticket.django import next_scoped_id, reserve_block
+
+    with transaction.atomic(using="odd_schema"):
+        assert [next_scoped_id("q", "d", using="odd_schema") for _ in range(3)] == [1, 2, 3]
+    assert reserve_block("b", 5, using="odd_schema") == (1, 5)
+    connections["odd_schema"].close()

@@ -72,21 +72,36 @@ def test_numbers_are_refused_where_they_would_commit_alone(engine):
             next_scoped_id(connection, "shop-sa-ac", "invoice/2026")
 
 
-def test_the_helpers_call_the_extension_in_its_own_schema(registry):
-    """The extension in a schema off the search_path, and a same-named
-    function earlier on it: the helpers find pg_ticket's, by schema."""
-    registry.execute("DROP DATABASE IF EXISTS py_schema")
-    registry.execute("CREATE DATABASE py_schema")
-    with registry.connect(dbname="py_schema") as db:
-        db.execute("CREATE SCHEMA ids")
-        db.execute("CREATE EXTENSION pg_ticket SCHEMA ids")
-        db.execute("CREATE FUNCTION public.next_scoped_id(text, text) RETURNS bigint LANGUAGE sql AS 'SELECT 42::bigint'")
-        db.execute("CREATE FUNCTION public.reserve_block(text, bigint) RETURNS TABLE(first_id bigint, last_id bigint) LANGUAGE sql AS 'SELECT 42::bigint, 42::bigint'")
-    engine = create_engine(f"postgresql+psycopg://postgres@/py_schema?host={registry.dir}&port={registry.port}")
+def test_the_helpers_call_the_extension_in_its_own_schema(registry, odd_schema_db):
+    """The extension in a schema off the search_path whose name text() would
+    misread, and decoys where a misread name or the search_path would lead:
+    the helpers find pg_ticket's functions, by schema."""
+    engine = create_engine(f"postgresql+psycopg://postgres@/{odd_schema_db}?host={registry.dir}&port={registry.port}")
     try:
         with Session(engine) as session:
-            assert [next_scoped_id(session, "q", "d") for _ in range(3)] == [1, 2, 3]
+            assert [next_scoped_id(session, "q-sa", "d") for _ in range(3)] == [1, 2, 3]
             session.commit()
-        assert reserve_block(engine, "b", 5) == (1, 5)
+        assert reserve_block(engine, "b-sa", 5) == (1, 5)
+    finally:
+        engine.dispose()
+
+
+def test_an_extension_created_again_elsewhere_is_found_on_the_next_call(registry):
+    registry.fresh_db("py_moved")
+    engine = create_engine(f"postgresql+psycopg://postgres@/py_moved?host={registry.dir}&port={registry.port}", pool_size=1, max_overflow=0)
+    try:
+        with Session(engine) as session:
+            assert next_scoped_id(session, "q", "d") == 1
+            session.commit()
+        with registry.connect(dbname="py_moved") as db:
+            db.execute("DROP EXTENSION pg_ticket")
+            db.execute("CREATE SCHEMA elsewhere")
+            db.execute("CREATE EXTENSION pg_ticket SCHEMA elsewhere")
+        with Session(engine) as session:  # the same connection: its schema was public
+            with pytest.raises(sqlalchemy.exc.DBAPIError):
+                next_scoped_id(session, "q", "d")
+        with Session(engine) as session:
+            assert next_scoped_id(session, "q", "d") == 1
+            session.commit()
     finally:
         engine.dispose()

@@ -137,7 +137,14 @@ impl<T: Send + 'static> Drop for Held<T> {
         if self.made_in.forked_since() {
             std::mem::forget(left);
         } else if let Some(open) = left {
-            let _ = std::thread::Builder::new().name("ticket-close".into()).spawn(move || drop(open));
+            let slot = std::sync::Arc::new(std::sync::Mutex::new(Some(open)));
+            let theirs = std::sync::Arc::clone(&slot);
+            let closing = std::thread::Builder::new().name("ticket-close".into()).spawn(move || drop(theirs.lock().unwrap_or_else(|p| p.into_inner()).take()));
+            if closing.is_err() {
+                // No thread to close it in: leave it (the lease ends at its
+                // ttl) rather than wait here holding the GIL.
+                std::mem::forget(slot.lock().unwrap_or_else(|p| p.into_inner()).take());
+            }
         }
     }
 }
@@ -214,7 +221,7 @@ impl LeasedGenerator {
             Ok(Some(Ok(()))) => return Ok(LeasedGenerator(Held::new(generator, "generator"))),
             Ok(Some(Err(e))) => to_py(e),
             // Timed out: the error says why (the registry's last refusal).
-            Ok(None) => to_py(generator.wait_for_lease(Duration::ZERO).err().unwrap_or(ClientError::NoLease { last_error: None })),
+            Ok(None) => to_py(py.detach(|| generator.wait_for_lease(Duration::ZERO).err()).unwrap_or(ClientError::NoLease { last_error: None })),
             Err(interrupted) => interrupted,
         };
         // Its thread stops and releases whatever it leased meanwhile.

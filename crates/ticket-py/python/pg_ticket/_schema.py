@@ -16,10 +16,12 @@ _schemas = weakref.WeakKeyDictionary()
 
 
 def extension_schema(dbapi_connection, fetch_one):
-    """The extension's schema, quoted for SQL. `fetch_one(sql)` runs the
+    """The extension's schema, quoted for SQL (the caller escapes what its
+    driver would read as a parameter in it). `fetch_one(sql)` runs the
     lookup on that connection and returns the first column of its row, or
-    None. A schema changed later (ALTER EXTENSION ... SET SCHEMA) is seen
-    on a new connection."""
+    None. The extension cannot be moved (it is not relocatable), but it can
+    be dropped and created in another schema: a call that fails forgets the
+    connection's entry (`forget`), so the next call looks again."""
     try:
         return _schemas[dbapi_connection]
     except (KeyError, TypeError):
@@ -32,3 +34,11 @@ def extension_schema(dbapi_connection, fetch_one):
     except TypeError:  # a connection object that takes no weak reference: look up each time
         pass
     return schema
+
+
+def forget(dbapi_connection):
+    """After a failed call: look the schema up again next time."""
+    try:
+        _schemas.pop(dbapi_connection, None)
+    except TypeError:
+        pass

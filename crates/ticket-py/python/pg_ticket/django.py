@@ -18,19 +18,29 @@ from typing import Tuple
 
 from django.db import connections, transaction
 
-from ._schema import extension_schema
+from ._schema import extension_schema, forget
 
 
-def _schema(connection):
+def _call(connection, sql, params):
+    """The row of `sql` ({schema} the extension's), on `connection`."""
     connection.ensure_connection()
+    dbapi_connection = connection.connection
 
-    def fetch_one(sql):
+    def fetch_one(lookup):
         with connection.cursor() as cursor:
-            cursor.execute(sql)
+            cursor.execute(lookup)
             row = cursor.fetchone()
         return row[0] if row else None
 
-    return extension_schema(connection.connection, fetch_one)
+    # The driver reads "%" in a statement with parameters as a placeholder.
+    schema = extension_schema(dbapi_connection, fetch_one).replace("%", "%%")
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(sql.format(schema=schema), params)
+            return cursor.fetchone()
+    except Exception:
+        forget(dbapi_connection)
+        raise
 
 
 def _in_a_transaction(connection):
@@ -50,10 +60,7 @@ def next_scoped_id(queue: str, domain: str, using: str = "default") -> int:
             "pg_ticket.django.next_scoped_id must run inside transaction.atomic(): "
             "its number is gap-free only if it commits with the row that uses it"
         )
-    schema = _schema(connection)
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {schema}.next_scoped_id(%s, %s)", [queue, domain])
-        return cursor.fetchone()[0]
+    return _call(connection, "SELECT {schema}.next_scoped_id(%s, %s)", [queue, domain])[0]
 
 
 def reserve_block(name: str, size: int, using: str = "default") -> Tuple[int, int]:
@@ -69,9 +76,6 @@ def reserve_block(name: str, size: int, using: str = "default") -> Tuple[int, in
             "pg_ticket.django.reserve_block must run in autocommit mode, outside transaction.atomic(): "
             "a block may be used only after its reservation committed"
         )
-    schema = _schema(connection)
     with transaction.atomic(using=using):
-        with connection.cursor() as cursor:
-            cursor.execute(f"SELECT first_id, last_id FROM {schema}.reserve_block(%s, %s)", [name, size])
-            first_id, last_id = cursor.fetchone()
+        first_id, last_id = _call(connection, "SELECT first_id, last_id FROM {schema}.reserve_block(%s, %s)", [name, size])
     return first_id, last_id

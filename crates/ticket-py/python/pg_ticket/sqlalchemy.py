@@ -17,11 +17,20 @@ from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session
 
 from ._native import Error
-from ._schema import extension_schema
+from ._schema import extension_schema, forget
 
 
-def _schema(connection: Connection) -> str:
-    return extension_schema(connection.connection.dbapi_connection, lambda sql: connection.execute(text(sql)).scalar())
+def _call(connection: Connection, sql: str, params: dict):
+    """The result of `sql` ({schema} the extension's), on `connection`."""
+    dbapi_connection = connection.connection.dbapi_connection
+    schema = extension_schema(dbapi_connection, lambda lookup: connection.execute(text(lookup)).scalar())
+    # text() reads ":name" as a bind parameter, even inside quotes.
+    statement = text(sql.format(schema=schema.replace(":", "\\:")))
+    try:
+        return connection.execute(statement, params)
+    except Exception:
+        forget(dbapi_connection)
+        raise
 
 
 def next_scoped_id(session: Union[Session, Connection], queue: str, domain: str) -> int:
@@ -32,8 +41,7 @@ def next_scoped_id(session: Union[Session, Connection], queue: str, domain: str)
             "pg_ticket.sqlalchemy.next_scoped_id on an AUTOCOMMIT connection: "
             "its number is gap-free only if it commits with the row that uses it"
         )
-    statement = text(f"SELECT {_schema(connection)}.next_scoped_id(:queue, :domain)")
-    return connection.execute(statement, {"queue": queue, "domain": domain}).scalar_one()
+    return _call(connection, "SELECT {schema}.next_scoped_id(:queue, :domain)", {"queue": queue, "domain": domain}).scalar_one()
 
 
 def reserve_block(engine: Engine, name: str, size: int) -> Tuple[int, int]:
@@ -44,6 +52,5 @@ def reserve_block(engine: Engine, name: str, size: int) -> Tuple[int, int]:
             "in a transaction of its own (a block is used only after its reservation committed)"
         )
     with engine.begin() as connection:
-        statement = text(f"SELECT first_id, last_id FROM {_schema(connection)}.reserve_block(:name, :size)")
-        row = connection.execute(statement, {"name": name, "size": size}).one()
+        row = _call(connection, "SELECT first_id, last_id FROM {schema}.reserve_block(:name, :size)", {"name": name, "size": size}).one()
     return row.first_id, row.last_id
