@@ -5,10 +5,11 @@
 //! SQLAlchemy helpers, which are plain SQL).
 //!
 //! What it owns: the conversion of arguments and errors, and the GIL. Every
-//! call that may wait (for a lease, for a block, for the next millisecond,
-//! for the lease thread to release) runs with the GIL released, so other
-//! Python threads go on; a wait longer than a moment is cut into slices
-//! between which Ctrl-C (a pending signal) is honoured.
+//! call into an allocator — and so every wait (for a lease, for a block,
+//! for the next millisecond, for the lease thread to release) — runs with
+//! the GIL released, so other Python threads go on; the constructor's wait
+//! and `next_ids` are cut into slices between which Ctrl-C (a pending
+//! signal) is honoured.
 //!
 //! Locking: each object holds its Rust allocator behind a `RwLock` only so
 //! that `close()` can take it away while other threads use it; the
