@@ -36,12 +36,17 @@ class Server:
         with self.connect() as db:
             db.execute(sql, params)
 
-    def fresh_db(self, name):
-        """A new database `name` (dropped first if it exists) with the extension."""
+    def fresh_db(self, name, schema=None):
+        """A new database `name` (dropped first if it exists) with the
+        extension, in `schema` (created) if given."""
         self.execute(f"DROP DATABASE IF EXISTS {name}")
         self.execute(f"CREATE DATABASE {name}")
         with self.connect(dbname=name) as db:
-            db.execute("CREATE EXTENSION pg_ticket")
+            if schema is None:
+                db.execute("CREATE EXTENSION pg_ticket")
+            else:
+                db.execute(f'CREATE SCHEMA "{schema}"')
+                db.execute(f'CREATE EXTENSION pg_ticket SCHEMA "{schema}"')
 
     def query(self, sql, params=()):
         with self.connect() as db:
@@ -95,11 +100,8 @@ def odd_schema_db(registry):
     """Database py_schema: the extension in ODD_SCHEMA, off the search_path,
     and decoys of both functions where a misread name or the search_path
     would lead (public, and the name with "%%" read as "%")."""
-    registry.execute("DROP DATABASE IF EXISTS py_schema")
-    registry.execute("CREATE DATABASE py_schema")
+    registry.fresh_db("py_schema", schema=ODD_SCHEMA)
     with registry.connect(dbname="py_schema") as db:
-        db.execute(f'CREATE SCHEMA "{ODD_SCHEMA}"')
-        db.execute(f'CREATE EXTENSION pg_ticket SCHEMA "{ODD_SCHEMA}"')
         for schema in ["public", ODD_SCHEMA.replace("%%", "%")]:
             db.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
             db.execute(f'CREATE FUNCTION "{schema}".next_scoped_id(text, text) RETURNS bigint LANGUAGE sql AS $$SELECT 42::bigint$$')

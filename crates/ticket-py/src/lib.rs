@@ -88,23 +88,20 @@ impl MadeIn {
 
 /// The allocator of an object, or nothing once closed; in a forked child
 /// it is forgotten, never dropped (see the module comment).
-struct Held<T: Send + 'static> {
+struct Held<T: Send + Sync + 'static> {
     inner: RwLock<Option<T>>,
     made_in: MadeIn,
     what: &'static str,
 }
 
-impl<T: Send + 'static> Held<T> {
+impl<T: Send + Sync + 'static> Held<T> {
     fn new(value: T, what: &'static str) -> Self {
         Held { inner: RwLock::new(Some(value)), made_in: MadeIn::now(), what }
     }
 
     /// `f` of the allocator, run with the GIL released, if the object is
     /// open and was not inherited through a fork.
-    fn call<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&T) -> Result<R, ClientError> + Send) -> PyResult<R>
-    where
-        T: Send + Sync,
-    {
+    fn call<R: Send>(&self, py: Python<'_>, f: impl FnOnce(&T) -> Result<R, ClientError> + Send) -> PyResult<R> {
         self.made_in.check(self.what)?;
         match py.detach(|| self.inner.read().unwrap_or_else(|p| p.into_inner()).as_ref().map(f)) {
             Some(done) => done.map_err(to_py),
@@ -115,10 +112,7 @@ impl<T: Send + 'static> Held<T> {
     /// The allocator, taken out (once) after every call under way ended;
     /// nothing in a forked child, whose copy is the parent's (and whose lock
     /// may be held by a thread the child does not have).
-    fn take(&self, py: Python<'_>) -> Option<T>
-    where
-        T: Send + Sync,
-    {
+    fn take(&self, py: Python<'_>) -> Option<T> {
         if self.made_in.forked_since() {
             return None;
         }
@@ -132,7 +126,7 @@ impl<T: Send + 'static> Held<T> {
 /// reservation under way) and whoever frees the object holds the GIL. At
 /// the interpreter's exit that thread may not finish: the lease then ends
 /// at its ttl, unreleased (`close()` or `with` release it at once).
-impl<T: Send + 'static> Drop for Held<T> {
+impl<T: Send + Sync + 'static> Drop for Held<T> {
     fn drop(&mut self) {
         let left = self.inner.get_mut().unwrap_or_else(|p| p.into_inner()).take();
         if self.made_in.forked_since() {
