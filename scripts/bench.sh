@@ -146,29 +146,50 @@ echo "SELECT * FROM reserve_block('bench', 100);" >"$scripts_dir/block.sql"
 echo "SELECT * FROM plain_reserve('bench', 100);" >"$scripts_dir/plain_block.sql"
 echo "SELECT next_ticket('bench', 'shared');" >"$scripts_dir/ticket_same.sql"
 
-declare -A tps
+declare -A tps pair_ratio
 # With synchronous_commit off the baselines commit without a WAL flush, so
 # pg_ticket runs with pg_ticket.durable_commit off there too (like for
 # like); its default, durable commits, is measured apart below.
+#
+# One client runs on one CPU with its backend (the postmaster's affinity,
+# which a new backend inherits, and pgbench's). On this kind of VM a wakeup
+# across CPUs costs tens of microseconds, most of a one-client transaction
+# in which both sides only wait for each other, and it varies by ±10% from
+# one 5 s run to the next (next_ticket against nextval unpinned, five
+# pairs: 0.89-1.14×); on one CPU the round trip is a context switch and
+# what differs is the work of the two functions.
+last_cpu=$(($(nproc) - 1))
 pgbench_tps() { # script clients sync [durable]
-    local durable=${4:-$([ "$3" = off ] && echo off || echo on)}
+    local durable=${4:-$([ "$3" = off ] && echo off || echo on)} postmaster pin=()
+    postmaster=$(head -1 "$dir/data/postmaster.pid")
+    if [ "$2" = 1 ]; then
+        pin=(taskset -c "$last_cpu")
+        taskset -p -c "$last_cpu" "$postmaster" >/dev/null
+    fi
     PGOPTIONS="-c synchronous_commit=$3 -c pg_ticket.durable_commit=$durable" \
-        "$bindir/pgbench" -n -M prepared -T "$seconds" -c "$2" -j "$2" \
+        "${pin[@]}" "$bindir/pgbench" -n -M prepared -T "$seconds" -c "$2" -j "$2" \
         -f "$scripts_dir/$1.sql" 2>/dev/null | awk '/^tps/ {printf "%.0f", $3}'
+    taskset -p -c "0-$last_cpu" "$postmaster" >/dev/null
 }
+# Three alternating pairs (drift hits both sides alike); the ratio is the
+# median of the three pairs' ratios, each pair's two runs side by side.
 pairs=("snowflake nextval" "ticket_same nextval" "scoped_same plain_same" "scoped_distinct plain_distinct" "block plain_block")
 for sync in on off; do
     for clients in 1 8; do
         for pair in "${pairs[@]}"; do
             read -r ours theirs <<<"$pair"
-            a="" b=""
-            for _ in 1 2 3; do # interleaved, so drift hits both sides alike
-                a+="$(pgbench_tps "$ours" "$clients" "$sync")"$'\n'
-                b+="$(pgbench_tps "$theirs" "$clients" "$sync")"$'\n'
+            a="" b="" r=""
+            for _ in 1 2 3; do
+                x=$(pgbench_tps "$ours" "$clients" "$sync")
+                y=$(pgbench_tps "$theirs" "$clients" "$sync")
+                a+="$x"$'\n' b+="$y"$'\n'
+                r+="$(awk -v x="$x" -v y="$y" 'BEGIN { printf "%.4f", x / y }')"$'\n'
             done
-            tps["$ours/$clients/$sync"]=$(printf '%s' "$a" | median)
-            tps["$theirs/$clients/$sync"]=$(printf '%s' "$b" | median)
-            echo "  sync=$sync c=$clients $ours ${tps[$ours/$clients/$sync]} vs $theirs ${tps[$theirs/$clients/$sync]}" >&2
+            key="$ours/$clients/$sync"
+            tps[$key]=$(printf '%s' "$a" | median)
+            tps["$theirs for $key"]=$(printf '%s' "$b" | median)
+            pair_ratio[$key]=$(printf '%s' "$r" | median)
+            echo "  sync=$sync c=$clients $ours ${tps[$key]} vs $theirs ${tps[$theirs for $key]}, pairs $(printf '%s' "$r" | tr '\n' ' ')" >&2
         done
     done
 done
@@ -252,16 +273,16 @@ cost() { awk -v off="$1" -v on="$2" 'BEGIN { printf "%+.1f%%", 100 * (on - off) 
     echo
     echo "next_ticket() × 1M in one statement: ${ms[ticket_1000000]} ms = $(ratio "${ms[ticket_1000000]}" "${ms[nextval_1000000]}")× the time of 1M nextval() (bar ≤ 1.0)."
     echo
-    echo "### pgbench, one ID per transaction (median tps of 3 × ${seconds}s, -M prepared)"
+    echo "### pgbench, one ID per transaction (3 alternating pairs of ${seconds}s runs, -M prepared; one client on one CPU with its backend)"
     echo
-    echo "| workload | sync commit | clients | pg_ticket tps | baseline | baseline tps | ratio |"
+    echo "| workload | sync commit | clients | pg_ticket tps (median) | baseline | baseline tps (median) | ratio (median of the pairs) |"
     echo "|---|---|---|---|---|---|---|"
     for sync in on off; do
         for clients in 1 8; do
             for pair in "${pairs[@]}"; do
                 read -r ours theirs <<<"$pair"
-                a=${tps[$ours/$clients/$sync]} b=${tps[$theirs/$clients/$sync]}
-                echo "| $ours | $sync | $clients | $a | $theirs | $b | $(ratio "$a" "$b") |"
+                key="$ours/$clients/$sync"
+                echo "| $ours | $sync | $clients | ${tps[$key]} | $theirs | ${tps[$theirs for $key]} | $(ratio "${pair_ratio[$key]}" 1) |"
             done
         done
     done

@@ -8,6 +8,7 @@
 //!
 //! 1. Ground: what everything uses, importing nothing above it.
 //! - `names`: `text` arguments as the database's bytes (any encoding).
+//! - `backend_local`: a backend's own values in plain statics (hot paths).
 //! - `clock`: the real clock in Unix ms, and timestamptz conversions.
 //! - `refusals`: the refusal and wait counts behind `pgticket.status`.
 //! - `errors`: every error pg_ticket raises, with its SQLSTATE.
@@ -45,6 +46,7 @@ use pgrx::prelude::*;
 
 mod api;
 mod args;
+mod backend_local;
 mod clock;
 mod counters;
 mod errors;

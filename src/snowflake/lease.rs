@@ -26,12 +26,13 @@ use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{fence, AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
-use ticket_client::clock::{boot_ms, CheckedWall, ClockReading};
+use ticket_client::clock::{boot_ms, CheckedWall, ClockReading, LastChecked};
 use ticket_client::keeper::{LeaseHolder, LeaseKeeper, Published};
 use ticket_core::leases::{Reckoning, StampRefusal};
 use ticket_core::snowflake::SnowflakeError;
 
 use super::SystemClock;
+use crate::backend_local::BackendLocal;
 use crate::errors::TicketError;
 use crate::settings;
 
@@ -90,9 +91,7 @@ pub struct Snapshot {
 /// write moves it before it touches anything): one load instead of a dozen
 /// for every stamp.
 fn current() -> Snapshot {
-    thread_local! {
-        static LAST: Cell<Option<Snapshot>> = const { Cell::new(None) };
-    }
+    static LAST: BackendLocal<Option<Snapshot>> = BackendLocal::new(None);
     let seq = SLOT.get().seq.load(Ordering::Acquire);
     if let Some(last) = LAST.get().filter(|last| last.seq == seq) {
         return last;
@@ -138,9 +137,9 @@ pub fn snapshot() -> Snapshot {
 /// Has the worker written nothing since `snapshot` was read? (Every write
 /// moves the counter, which only grows.)
 fn unchanged_since(snapshot: &Snapshot) -> bool {
-    // After the stamp's compare-and-swap: see `LeaseWorker::withdraw`.
-    fence(Ordering::SeqCst);
-    SLOT.get().seq.load(Ordering::Acquire) == snapshot.seq
+    // After the stamp's compare-and-swap, both sequentially consistent: see
+    // `WorkerHolder::withdraw`.
+    SLOT.get().seq.load(Ordering::SeqCst) == snapshot.seq
 }
 
 fn write(f: impl FnOnce(&LeaseSlot)) {
@@ -180,12 +179,10 @@ impl Snapshot {
     }
 
     /// A reading of the clocks checked for a stamp with machine id `id`
-    /// (`ClockReading::checked`), with this backend's last boot reading.
+    /// (`ClockReading::checked`), with this backend's last checked reading.
     fn checked_reading(&self, id: u16) -> Result<ClockReading, TicketError> {
-        let last = LAST_BOOT_MS.load(Ordering::Relaxed);
-        let reading = ClockReading::checked(&self.reckoning, Some(last).filter(|&ms| ms != NO_BOOT_READING))
-            .map_err(|refusal| Self::refused(id, refusal))?;
-        LAST_BOOT_MS.store(reading.boot_after_ms, Ordering::Relaxed);
+        let reading = ClockReading::checked(&self.reckoning, LAST_CHECKED.get().as_ref()).map_err(|refusal| Self::refused(id, refusal))?;
+        LAST_CHECKED.set(Some(LastChecked { reading, reckoning: self.reckoning }));
         Ok(reading)
     }
 
@@ -199,18 +196,18 @@ impl Snapshot {
     }
 }
 
-/// This backend's last boot-clock reading for a stamp: a static of the
-/// library, so one per process (each backend's own, not shared memory).
-static LAST_BOOT_MS: AtomicI64 = AtomicI64::new(NO_BOOT_READING);
-const NO_BOOT_READING: i64 = i64::MIN;
+/// This backend's last checked reading for a stamp (its own: the check is
+/// of this backend's reading of the lease).
+static LAST_CHECKED: BackendLocal<Option<LastChecked>> = BackendLocal::new(None);
 
 /// Stamp with the leased id: `issue(clock, machine_id, stamp cap)` runs
 /// between two reads of the lease, and its ID is discarded if the lease
 /// changed or ended meanwhile (the worker withdraws before it reads the
 /// last stamp to report; unless the lease's counter did not move, the lease
 /// is read again). The stamp is one wall-clock reading between two
-/// boot-clock readings (the first may be this backend's last one:
-/// `ClockReading::checked`), checked against the lease before it enters the
+/// boot-clock readings (the first may be this backend's last one, and in a
+/// millisecond this backend checked against the same lease, the wall
+/// reading is all: `ClockReading::checked`), checked against the lease before it enters the
 /// generator's state (a stepped clock's stamp would hold later IDs back),
 /// or, after a wait inside the generator, a later reading checked after.
 /// A renewal meanwhile never moves the lease's end earlier (SPEC §8 rule
@@ -323,9 +320,12 @@ impl LeaseHolder for WorkerHolder {
             s.ttl_ms.store(0, Ordering::Relaxed);
             s.stamp_cap_ms.store(i64::MIN, Ordering::Relaxed);
         });
-        // Pairs with the fence in `unchanged_since`: either the keeper's
-        // next read of the generator's last stamp sees a backend's stamp,
-        // or that backend sees this write and drops its ID. Acquire and
+        // Pairs with a stamp's sequentially consistent compare-and-swap
+        // and its read of the counter (`unchanged_since`): whichever comes
+        // first in their single order, either the keeper's next read of
+        // the generator's last stamp sees the stamp (the swap came before
+        // this fence), or the backend's read sees this write (the fence
+        // came before that read) and the backend drops its ID. Acquire and
         // release alone allow both to miss (a store then a load of another
         // location, on each side).
         fence(Ordering::SeqCst);

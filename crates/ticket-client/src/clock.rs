@@ -49,7 +49,7 @@ impl Clock for WallClock {
 /// A wall-clock reading taken between two boot-clock readings, so that a
 /// pause between the reads (SIGSTOP, a preemption) can hide neither a
 /// passed lease end nor a clock step ([`Reckoning::check_between`]).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ClockReading {
     pub boot_before_ms: i64,
     pub wall_ms: i64,
@@ -58,34 +58,59 @@ pub struct ClockReading {
 
 impl ClockReading {
     pub fn now() -> Self {
-        let boot_before_ms = boot_ms();
-        let wall_ms = wall_ms();
-        ClockReading { boot_before_ms, wall_ms, boot_after_ms: boot_ms() }
+        Self::read_on(&wall_ms, &boot_ms)
+    }
+
+    fn read_on(wall: &impl Fn() -> i64, boot: &impl Fn() -> i64) -> Self {
+        let boot_before_ms = boot();
+        let wall_ms = wall();
+        ClockReading { boot_before_ms, wall_ms, boot_after_ms: boot() }
     }
 
     pub fn check(&self, reckoning: &Reckoning) -> Result<(), StampRefusal> {
         reckoning.check_between(self.boot_before_ms, self.wall_ms, self.boot_after_ms)
     }
 
-    /// A reading checked against `reckoning`, with one clock read fewer
-    /// when the caller kept an earlier boot reading of its own
-    /// (`earlier_boot_ms`, the last reading's `boot_after_ms`): that stands
-    /// in for the first boot reading, which it precedes. The check is then
-    /// never less strict — a drift measured against an earlier boot reading
-    /// is only larger (`Reckoning::check_between`) — but an old one may
-    /// refuse where a fresh one would not (the caller was idle for longer
-    /// than the drift allowed), so a refused reading is taken again in full.
-    pub fn checked(reckoning: &Reckoning, earlier_boot_ms: Option<i64>) -> Result<Self, StampRefusal> {
-        if let Some(boot_before_ms) = earlier_boot_ms {
-            let wall_ms = wall_ms();
-            let reading = ClockReading { boot_before_ms, wall_ms, boot_after_ms: boot_ms() };
+    /// A reading checked against `reckoning`, with fewer clock reads when
+    /// the caller kept its last checked reading (`last`):
+    /// - In the millisecond `last` stamped, checked against this same
+    ///   reckoning: `last` itself, one wall-clock read in all. Its stamp
+    ///   already passed the cap and the drift, and any ID in that
+    ///   millisecond is this lease's (the generator gives each a sequence
+    ///   of its own); only a lease that changed (another reckoning: a
+    ///   renewal, a new lease, a withdrawal) is checked again.
+    /// - Otherwise `last`'s later boot reading stands in for the first boot
+    ///   reading, which it precedes. The check is then never less strict —
+    ///   a drift measured against an earlier boot reading is only larger
+    ///   (`Reckoning::check_between`) — but an old one may refuse where a
+    ///   fresh one would not (the caller was idle for longer than the drift
+    ///   allowed), so a refused reading is taken again in full.
+    pub fn checked(reckoning: &Reckoning, last: Option<&LastChecked>) -> Result<Self, StampRefusal> {
+        Self::checked_on(reckoning, last, &wall_ms, &boot_ms)
+    }
+
+    fn checked_on(reckoning: &Reckoning, last: Option<&LastChecked>, wall: &impl Fn() -> i64, boot: &impl Fn() -> i64) -> Result<Self, StampRefusal> {
+        if let Some(last) = last {
+            let wall_ms = wall();
+            if wall_ms == last.reading.wall_ms && last.reckoning == *reckoning {
+                return Ok(last.reading);
+            }
+            let reading = ClockReading { boot_before_ms: last.reading.boot_after_ms, wall_ms, boot_after_ms: boot() };
             if reading.check(reckoning).is_ok() {
                 return Ok(reading);
             }
         }
-        let reading = ClockReading::now();
+        let reading = Self::read_on(wall, boot);
         reading.check(reckoning).map(|()| reading)
     }
+}
+
+/// A caller's last checked reading and the reckoning it passed, kept for
+/// the next `ClockReading::checked`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LastChecked {
+    pub reading: ClockReading,
+    pub reckoning: Reckoning,
 }
 
 /// A leased generator's clock for one ID: first a reading already checked
@@ -141,37 +166,105 @@ impl<C: Clock> Clock for CheckedWall<'_, C> {
 mod tests {
     use super::*;
 
-    /// A lease replied to just now: 60 s ttl, drift allowed 5 s.
-    fn fresh_reckoning() -> Reckoning {
-        let boot = boot_ms();
-        Reckoning { sent_at_ms: boot, ttl_ms: 60_000, replied_boot_ms: boot, replied_wall_ms: wall_ms(), stamp_cap_ms: i64::MAX, drift_allowed_ms: 5_000 }
+    /// Clocks that count their reads: boot at `boot`, wall at `wall`.
+    struct FakeClocks {
+        boot: Cell<i64>,
+        wall: Cell<i64>,
+        boot_reads: Cell<u32>,
+        wall_reads: Cell<u32>,
     }
 
-    #[test]
-    fn the_wall_clock_reads_as_the_standard_library_does() {
-        let std_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
-        let (a, w, b) = (std_ms(), wall_ms(), std_ms());
-        assert!(a <= w && w <= b, "{a} <= {w} <= {b}");
+    impl FakeClocks {
+        fn at(boot: i64, wall: i64) -> Self {
+            FakeClocks { boot: Cell::new(boot), wall: Cell::new(wall), boot_reads: Cell::new(0), wall_reads: Cell::new(0) }
+        }
+        fn checked(&self, r: &Reckoning, last: Option<&LastChecked>) -> Result<ClockReading, StampRefusal> {
+            self.boot_reads.set(0);
+            self.wall_reads.set(0);
+            let boot = || {
+                self.boot_reads.set(self.boot_reads.get() + 1);
+                self.boot.get()
+            };
+            let wall = || {
+                self.wall_reads.set(self.wall_reads.get() + 1);
+                self.wall.get()
+            };
+            ClockReading::checked_on(r, last, &wall, &boot)
+        }
+        fn reads(&self) -> (u32, u32) {
+            (self.wall_reads.get(), self.boot_reads.get())
+        }
+    }
+
+    /// Replied at boot 10 000 / wall 500 000; 60 s ttl, drift allowed 5 s.
+    fn reckoning() -> Reckoning {
+        Reckoning { sent_at_ms: 10_000, ttl_ms: 60_000, replied_boot_ms: 10_000, replied_wall_ms: 500_000, stamp_cap_ms: 565_000, drift_allowed_ms: 5_000 }
     }
 
     #[test]
     fn a_checked_reading_keeps_a_recent_boot_reading_and_replaces_an_old_one() {
-        let r = fresh_reckoning();
-        let recent = boot_ms();
-        let kept = ClockReading::checked(&r, Some(recent)).unwrap();
-        assert_eq!(kept.boot_before_ms, recent, "one clock read fewer");
-        assert!(kept.boot_after_ms >= recent);
-        // Idle for a minute by its own last reading: that reading alone
-        // would look like a 60 s step; a fresh reading stands in.
-        let old = recent - 60_000;
-        assert!(ClockReading { boot_before_ms: old, ..kept }.check(&r).is_err());
-        let replaced = ClockReading::checked(&r, Some(old)).unwrap();
-        assert!(replaced.boot_before_ms >= recent, "read again in full: {replaced:?}");
-        let full = ClockReading::checked(&r, None).unwrap();
-        assert!(full.boot_before_ms >= recent);
+        let r = reckoning();
+        let clocks = FakeClocks::at(20_000, 510_000);
+        let full = clocks.checked(&r, None).unwrap();
+        assert_eq!(clocks.reads(), (1, 2), "without a last reading: boot, wall, boot");
+        let last = LastChecked { reading: full, reckoning: r };
+        clocks.boot.set(20_001);
+        clocks.wall.set(510_001);
+        let kept = clocks.checked(&r, Some(&last)).unwrap();
+        assert_eq!(kept, ClockReading { boot_before_ms: 20_000, wall_ms: 510_001, boot_after_ms: 20_001 }, "the last boot reading stands in");
+        assert_eq!(clocks.reads(), (1, 1));
+        // Idle for 20 s by its own last reading: that reading alone would
+        // look like a 20 s step; a fresh reading stands in.
+        clocks.boot.set(40_000);
+        clocks.wall.set(530_000);
+        let replaced = clocks.checked(&r, Some(&last)).unwrap();
+        assert_eq!(replaced, ClockReading { boot_before_ms: 40_000, wall_ms: 530_000, boot_after_ms: 40_000 }, "read again in full");
+        assert_eq!(clocks.reads(), (2, 3));
+        // A stepped wall clock is refused either way.
+        clocks.wall.set(536_000);
+        assert_eq!(clocks.checked(&r, Some(&last)), Err(StampRefusal::ClockStepped { drift_ms: 6_000 }));
+        clocks.boot.set(80_000);
+        clocks.wall.set(570_000);
         // A lease that may have ended is refused either way.
-        let ended = Reckoning { sent_at_ms: recent - 120_000, ..r };
-        assert_eq!(ClockReading::checked(&ended, Some(recent)).unwrap_err(), StampRefusal::MayHaveEnded);
-        assert_eq!(ClockReading::checked(&ended, None).unwrap_err(), StampRefusal::MayHaveEnded);
+        assert_eq!(clocks.checked(&r, Some(&last)).unwrap_err(), StampRefusal::MayHaveEnded);
+        assert_eq!(clocks.checked(&r, None).unwrap_err(), StampRefusal::MayHaveEnded);
+    }
+
+    #[test]
+    fn in_the_millisecond_already_checked_only_the_wall_clock_is_read() {
+        let r = reckoning();
+        let clocks = FakeClocks::at(20_000, 510_000);
+        let first = clocks.checked(&r, None).unwrap();
+        let last = LastChecked { reading: first, reckoning: r };
+        clocks.boot.set(20_000);
+        assert_eq!(clocks.checked(&r, Some(&last)), Ok(first));
+        assert_eq!(clocks.reads(), (1, 0), "one wall read, no boot read");
+        // However late in the lease (a wall clock stepped back onto that
+        // millisecond): its stamps are this lease's, the generator's
+        // sequence keeps them apart.
+        clocks.boot.set(69_999);
+        assert_eq!(clocks.checked(&r, Some(&last)), Ok(first));
+        // A changed reckoning is checked again: a renewal, and a withdrawn
+        // lease (no ttl, no cap).
+        clocks.boot.set(20_000);
+        let renewed = Reckoning { sent_at_ms: 19_000, replied_boot_ms: 19_100, replied_wall_ms: 509_100, stamp_cap_ms: 585_000, ..r };
+        assert_eq!(clocks.checked(&renewed, Some(&last)), Ok(ClockReading { boot_before_ms: 20_000, wall_ms: 510_000, boot_after_ms: 20_000 }));
+        assert_eq!(clocks.reads(), (1, 1));
+        let withdrawn = Reckoning { ttl_ms: 0, stamp_cap_ms: i64::MIN, ..r };
+        assert_eq!(clocks.checked(&withdrawn, Some(&last)), Err(StampRefusal::MayHaveEnded));
+        // The next millisecond is read and checked.
+        clocks.wall.set(510_001);
+        clocks.boot.set(75_000);
+        assert_eq!(clocks.checked(&r, Some(&last)), Err(StampRefusal::MayHaveEnded));
+    }
+
+    #[test]
+    fn the_real_clocks_pass_a_fresh_lease() {
+        let boot = boot_ms();
+        let r = Reckoning { sent_at_ms: boot, ttl_ms: 60_000, replied_boot_ms: boot, replied_wall_ms: wall_ms(), stamp_cap_ms: i64::MAX, drift_allowed_ms: 5_000 };
+        let first = ClockReading::checked(&r, None).unwrap();
+        assert!(first.boot_before_ms >= boot && first.boot_after_ms >= first.boot_before_ms);
+        let next = ClockReading::checked(&r, Some(&LastChecked { reading: first, reckoning: r })).unwrap();
+        assert!(next.wall_ms >= first.wall_ms);
     }
 }

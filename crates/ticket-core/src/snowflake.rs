@@ -656,9 +656,13 @@ pub fn next_id(
                     reserve(shared, clock, store, epoch_unix_ms, millis)?;
                     continue;
                 }
+                // Sequentially consistent: a server's leased stamp reads its
+                // lease's counter after this swap, and the two must not
+                // both miss a withdrawal (the server's `snowflake::lease`).
+                // The same instruction as AcqRel on x86-64 and aarch64.
                 if shared
                     .last
-                    .compare_exchange_weak(last, next, Ordering::AcqRel, Ordering::Acquire)
+                    .compare_exchange_weak(last, next, Ordering::SeqCst, Ordering::Acquire)
                     .is_ok()
                 {
                     if millis + RENEW_WITHIN_MS > reserved_until {
