@@ -158,18 +158,20 @@ declare -A tps pair_ratio
 # one 5 s run to the next (next_ticket against nextval unpinned, five
 # pairs: 0.89-1.14×); on one CPU the round trip is a context switch and
 # what differs is the work of the two functions.
-last_cpu=$(($(nproc) - 1))
+# The CPU they share: the last one this script may run on.
+one_cpu=$(taskset -cp $$ | sed 's/.*: //' | tr ',' '\n' | tail -1 | sed 's/.*-//')
 pgbench_tps() { # script clients sync [durable]
-    local durable=${4:-$([ "$3" = off ] && echo off || echo on)} postmaster pin=()
+    local durable=${4:-$([ "$3" = off ] && echo off || echo on)} postmaster allowed="" pin=()
     postmaster=$(head -1 "$dir/data/postmaster.pid")
     if [ "$2" = 1 ]; then
-        pin=(taskset -c "$last_cpu")
-        taskset -p -c "$last_cpu" "$postmaster" >/dev/null
+        allowed=$(taskset -cp "$postmaster" | sed 's/.*: //')
+        taskset -cp "$one_cpu" "$postmaster" >/dev/null
+        pin=(taskset -c "$one_cpu")
     fi
     PGOPTIONS="-c synchronous_commit=$3 -c pg_ticket.durable_commit=$durable" \
         "${pin[@]}" "$bindir/pgbench" -n -M prepared -T "$seconds" -c "$2" -j "$2" \
         -f "$scripts_dir/$1.sql" 2>/dev/null | awk '/^tps/ {printf "%.0f", $3}'
-    taskset -p -c "0-$last_cpu" "$postmaster" >/dev/null
+    if [ -n "$allowed" ]; then taskset -cp "$allowed" "$postmaster" >/dev/null; fi
 }
 # Three alternating pairs (drift hits both sides alike); the ratio is the
 # median of the three pairs' ratios, each pair's two runs side by side.
@@ -282,7 +284,7 @@ cost() { awk -v off="$1" -v on="$2" 'BEGIN { printf "%+.1f%%", 100 * (on - off) 
             for pair in "${pairs[@]}"; do
                 read -r ours theirs <<<"$pair"
                 key="$ours/$clients/$sync"
-                echo "| $ours | $sync | $clients | ${tps[$key]} | $theirs | ${tps[$theirs for $key]} | $(ratio "${pair_ratio[$key]}" 1) |"
+                echo "| $ours | $sync | $clients | ${tps[$key]} | $theirs | ${tps[$theirs for $key]} | ${pair_ratio[$key]} |"
             done
         done
     done

@@ -26,7 +26,7 @@ use pgrx::{pg_shmem_init, PGRXSharedMemory, PgAtomic};
 use std::cell::{Cell, RefCell};
 use std::sync::atomic::{fence, AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
-use ticket_client::clock::{boot_ms, CheckedWall, ClockReading, LastChecked};
+use ticket_client::clock::{boot_ms, CheckedWall, ClockReading};
 use ticket_client::keeper::{LeaseHolder, LeaseKeeper, Published};
 use ticket_core::leases::{Reckoning, StampRefusal};
 use ticket_core::snowflake::SnowflakeError;
@@ -179,10 +179,10 @@ impl Snapshot {
     }
 
     /// A reading of the clocks checked for a stamp with machine id `id`
-    /// (`ClockReading::checked`), with this backend's last checked reading.
+    /// (`ClockReading::checked`), with this backend's last boot reading.
     fn checked_reading(&self, id: u16) -> Result<ClockReading, TicketError> {
-        let reading = ClockReading::checked(&self.reckoning, LAST_CHECKED.get().as_ref()).map_err(|refusal| Self::refused(id, refusal))?;
-        LAST_CHECKED.set(Some(LastChecked { reading, reckoning: self.reckoning }));
+        let reading = ClockReading::checked(&self.reckoning, LAST_BOOT_MS.get()).map_err(|refusal| Self::refused(id, refusal))?;
+        LAST_BOOT_MS.set(Some(reading.boot_after_ms));
         Ok(reading)
     }
 
@@ -196,18 +196,16 @@ impl Snapshot {
     }
 }
 
-/// This backend's last checked reading for a stamp (its own: the check is
-/// of this backend's reading of the lease).
-static LAST_CHECKED: BackendLocal<Option<LastChecked>> = BackendLocal::new(None);
+/// This backend's last boot-clock reading for a stamp.
+static LAST_BOOT_MS: BackendLocal<Option<i64>> = BackendLocal::new(None);
 
 /// Stamp with the leased id: `issue(clock, machine_id, stamp cap)` runs
 /// between two reads of the lease, and its ID is discarded if the lease
 /// changed or ended meanwhile (the worker withdraws before it reads the
 /// last stamp to report; unless the lease's counter did not move, the lease
 /// is read again). The stamp is one wall-clock reading between two
-/// boot-clock readings (the first may be this backend's last one, and in a
-/// millisecond this backend checked against the same lease, the wall
-/// reading is all: `ClockReading::checked`), checked against the lease before it enters the
+/// boot-clock readings (the first may be this backend's last one:
+/// `ClockReading::checked`), checked against the lease before it enters the
 /// generator's state (a stepped clock's stamp would hold later IDs back),
 /// or, after a wait inside the generator, a later reading checked after.
 /// A renewal meanwhile never moves the lease's end earlier (SPEC §8 rule

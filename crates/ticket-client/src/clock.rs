@@ -71,31 +71,26 @@ impl ClockReading {
         reckoning.check_between(self.boot_before_ms, self.wall_ms, self.boot_after_ms)
     }
 
-    /// A reading checked against `reckoning`, with fewer clock reads when
-    /// the caller kept its last checked reading (`last`):
-    /// - In the millisecond `last` stamped, checked against this same
-    ///   reckoning: `last` itself, one wall-clock read in all. Its stamp
-    ///   already passed the cap and the drift, and any ID in that
-    ///   millisecond is this lease's (the generator gives each a sequence
-    ///   of its own); only a lease that changed (another reckoning: a
-    ///   renewal, a new lease, a withdrawal) is checked again.
-    /// - Otherwise `last`'s later boot reading stands in for the first boot
-    ///   reading, which it precedes. The check is then never less strict —
-    ///   a drift measured against an earlier boot reading is only larger
-    ///   (`Reckoning::check_between`) — but an old one may refuse where a
-    ///   fresh one would not (the caller was idle for longer than the drift
-    ///   allowed), so a refused reading is taken again in full.
-    pub fn checked(reckoning: &Reckoning, last: Option<&LastChecked>) -> Result<Self, StampRefusal> {
-        Self::checked_on(reckoning, last, &wall_ms, &boot_ms)
+    /// A reading checked against `reckoning`, with one clock read fewer
+    /// when the caller kept an earlier boot reading of its own
+    /// (`earlier_boot_ms`, its last reading's `boot_after_ms`): that stands
+    /// in for the first boot reading, which it precedes. The check is then
+    /// never less strict — a drift measured against an earlier boot reading
+    /// is only larger (`Reckoning::check_between`) — but an old one may
+    /// refuse where a fresh one would not (the caller was idle for longer
+    /// than the drift allowed), so a refused reading is taken again in full.
+    /// The boot clock is read after the wall clock at every stamp, even in
+    /// a millisecond already checked: SPEC §8 rule 10 checks every stamp
+    /// for a step and a passed end, and a wall clock that stands still is
+    /// both.
+    pub fn checked(reckoning: &Reckoning, earlier_boot_ms: Option<i64>) -> Result<Self, StampRefusal> {
+        Self::checked_on(reckoning, earlier_boot_ms, &wall_ms, &boot_ms)
     }
 
-    fn checked_on(reckoning: &Reckoning, last: Option<&LastChecked>, wall: &impl Fn() -> i64, boot: &impl Fn() -> i64) -> Result<Self, StampRefusal> {
-        if let Some(last) = last {
+    fn checked_on(reckoning: &Reckoning, earlier_boot_ms: Option<i64>, wall: &impl Fn() -> i64, boot: &impl Fn() -> i64) -> Result<Self, StampRefusal> {
+        if let Some(boot_before_ms) = earlier_boot_ms {
             let wall_ms = wall();
-            if wall_ms == last.reading.wall_ms && last.reckoning == *reckoning {
-                return Ok(last.reading);
-            }
-            let reading = ClockReading { boot_before_ms: last.reading.boot_after_ms, wall_ms, boot_after_ms: boot() };
+            let reading = ClockReading { boot_before_ms, wall_ms, boot_after_ms: boot() };
             if reading.check(reckoning).is_ok() {
                 return Ok(reading);
             }
@@ -103,14 +98,6 @@ impl ClockReading {
         let reading = Self::read_on(wall, boot);
         reading.check(reckoning).map(|()| reading)
     }
-}
-
-/// A caller's last checked reading and the reckoning it passed, kept for
-/// the next `ClockReading::checked`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct LastChecked {
-    pub reading: ClockReading,
-    pub reckoning: Reckoning,
 }
 
 /// A leased generator's clock for one ID: first a reading already checked
@@ -178,7 +165,7 @@ mod tests {
         fn at(boot: i64, wall: i64) -> Self {
             FakeClocks { boot: Cell::new(boot), wall: Cell::new(wall), boot_reads: Cell::new(0), wall_reads: Cell::new(0) }
         }
-        fn checked(&self, r: &Reckoning, last: Option<&LastChecked>) -> Result<ClockReading, StampRefusal> {
+        fn checked(&self, r: &Reckoning, earlier_boot_ms: Option<i64>) -> Result<ClockReading, StampRefusal> {
             self.boot_reads.set(0);
             self.wall_reads.set(0);
             let boot = || {
@@ -189,7 +176,7 @@ mod tests {
                 self.wall_reads.set(self.wall_reads.get() + 1);
                 self.wall.get()
             };
-            ClockReading::checked_on(r, last, &wall, &boot)
+            ClockReading::checked_on(r, earlier_boot_ms, &wall, &boot)
         }
         fn reads(&self) -> (u32, u32) {
             (self.wall_reads.get(), self.boot_reads.get())
@@ -207,55 +194,42 @@ mod tests {
         let clocks = FakeClocks::at(20_000, 510_000);
         let full = clocks.checked(&r, None).unwrap();
         assert_eq!(clocks.reads(), (1, 2), "without a last reading: boot, wall, boot");
-        let last = LastChecked { reading: full, reckoning: r };
+        let last = Some(full.boot_after_ms);
         clocks.boot.set(20_001);
         clocks.wall.set(510_001);
-        let kept = clocks.checked(&r, Some(&last)).unwrap();
+        let kept = clocks.checked(&r, last).unwrap();
         assert_eq!(kept, ClockReading { boot_before_ms: 20_000, wall_ms: 510_001, boot_after_ms: 20_001 }, "the last boot reading stands in");
         assert_eq!(clocks.reads(), (1, 1));
         // Idle for 20 s by its own last reading: that reading alone would
         // look like a 20 s step; a fresh reading stands in.
         clocks.boot.set(40_000);
         clocks.wall.set(530_000);
-        let replaced = clocks.checked(&r, Some(&last)).unwrap();
+        let replaced = clocks.checked(&r, last).unwrap();
         assert_eq!(replaced, ClockReading { boot_before_ms: 40_000, wall_ms: 530_000, boot_after_ms: 40_000 }, "read again in full");
         assert_eq!(clocks.reads(), (2, 3));
         // A stepped wall clock is refused either way.
         clocks.wall.set(536_000);
-        assert_eq!(clocks.checked(&r, Some(&last)), Err(StampRefusal::ClockStepped { drift_ms: 6_000 }));
+        assert_eq!(clocks.checked(&r, last), Err(StampRefusal::ClockStepped { drift_ms: 6_000 }));
         clocks.boot.set(80_000);
         clocks.wall.set(570_000);
         // A lease that may have ended is refused either way.
-        assert_eq!(clocks.checked(&r, Some(&last)).unwrap_err(), StampRefusal::MayHaveEnded);
+        assert_eq!(clocks.checked(&r, last).unwrap_err(), StampRefusal::MayHaveEnded);
         assert_eq!(clocks.checked(&r, None).unwrap_err(), StampRefusal::MayHaveEnded);
     }
 
     #[test]
-    fn in_the_millisecond_already_checked_only_the_wall_clock_is_read() {
+    fn a_wall_clock_that_stands_still_is_refused_in_the_millisecond_it_stamped() {
+        // Review of 45425bd: a millisecond already checked was stamped again
+        // without a boot reading, so a frozen wall clock went on stamping
+        // past the lease's end and past the drift allowed.
         let r = reckoning();
         let clocks = FakeClocks::at(20_000, 510_000);
         let first = clocks.checked(&r, None).unwrap();
-        let last = LastChecked { reading: first, reckoning: r };
-        clocks.boot.set(20_000);
-        assert_eq!(clocks.checked(&r, Some(&last)), Ok(first));
-        assert_eq!(clocks.reads(), (1, 0), "one wall read, no boot read");
-        // However late in the lease (a wall clock stepped back onto that
-        // millisecond): its stamps are this lease's, the generator's
-        // sequence keeps them apart.
-        clocks.boot.set(69_999);
-        assert_eq!(clocks.checked(&r, Some(&last)), Ok(first));
-        // A changed reckoning is checked again: a renewal, and a withdrawn
-        // lease (no ttl, no cap).
-        clocks.boot.set(20_000);
-        let renewed = Reckoning { sent_at_ms: 19_000, replied_boot_ms: 19_100, replied_wall_ms: 509_100, stamp_cap_ms: 585_000, ..r };
-        assert_eq!(clocks.checked(&renewed, Some(&last)), Ok(ClockReading { boot_before_ms: 20_000, wall_ms: 510_000, boot_after_ms: 20_000 }));
-        assert_eq!(clocks.reads(), (1, 1));
-        let withdrawn = Reckoning { ttl_ms: 0, stamp_cap_ms: i64::MIN, ..r };
-        assert_eq!(clocks.checked(&withdrawn, Some(&last)), Err(StampRefusal::MayHaveEnded));
-        // The next millisecond is read and checked.
-        clocks.wall.set(510_001);
-        clocks.boot.set(75_000);
-        assert_eq!(clocks.checked(&r, Some(&last)), Err(StampRefusal::MayHaveEnded));
+        clocks.boot.set(30_000);
+        assert_eq!(clocks.checked(&r, Some(first.boot_after_ms)), Err(StampRefusal::ClockStepped { drift_ms: -10_000 }));
+        assert_eq!(clocks.reads(), (2, 3), "the boot clock read after the wall clock, then in full");
+        clocks.boot.set(70_000);
+        assert_eq!(clocks.checked(&r, Some(first.boot_after_ms)), Err(StampRefusal::MayHaveEnded));
     }
 
     #[test]
@@ -264,7 +238,7 @@ mod tests {
         let r = Reckoning { sent_at_ms: boot, ttl_ms: 60_000, replied_boot_ms: boot, replied_wall_ms: wall_ms(), stamp_cap_ms: i64::MAX, drift_allowed_ms: 5_000 };
         let first = ClockReading::checked(&r, None).unwrap();
         assert!(first.boot_before_ms >= boot && first.boot_after_ms >= first.boot_before_ms);
-        let next = ClockReading::checked(&r, Some(&LastChecked { reading: first, reckoning: r })).unwrap();
+        let next = ClockReading::checked(&r, Some(first.boot_after_ms)).unwrap();
         assert!(next.wall_ms >= first.wall_ms);
     }
 }

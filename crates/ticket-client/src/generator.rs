@@ -23,7 +23,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::clock::{boot_ms, CheckedWall, ClockReading, LastChecked, WallClock};
+use crate::clock::{boot_ms, CheckedWall, ClockReading, WallClock};
 use crate::keeper::{LeaseHolder, LeaseKeeper, Published};
 use crate::registry::Grant;
 use crate::ClientError;
@@ -89,8 +89,8 @@ struct Held {
     lease: Published,
     ids: SharedState,
     last_stamp_ms: Option<i64>,
-    /// The last reading checked for a stamp (`ClockReading::checked`).
-    last_checked: Option<LastChecked>,
+    /// The boot clock as last read for a stamp (`ClockReading::checked`).
+    last_boot_ms: Option<i64>,
 }
 
 #[derive(Default)]
@@ -203,8 +203,8 @@ impl LeasedGenerator {
         // the later boot reading, the drift against both, so a pause
         // between the reads hides neither (one paused longer than half the
         // margin is refused as a step).
-        let first = ClockReading::checked(&reckoning, held.last_checked.as_ref()).map_err(refused)?;
-        held.last_checked = Some(LastChecked { reading: first, reckoning });
+        let first = ClockReading::checked(&reckoning, held.last_boot_ms).map_err(refused)?;
+        held.last_boot_ms = Some(first.boot_after_ms);
         let clock = CheckedWall::starting_with(&WallClock, first);
         // The generator never stamps past the cap (PastLease): it stamps the
         // first reading, or a later one after a wait.
@@ -254,7 +254,7 @@ impl LeaseHolder for Shared {
                     ids: SharedState::starting_after(lease.grant.not_before_ms, lease.grant.epoch_ms),
                     lease,
                     last_stamp_ms: None,
-                    last_checked: None,
+                    last_boot_ms: None,
                 })
             }
         }
