@@ -25,10 +25,10 @@
 //! Touches: `pgticket.rights` (read only); backend memory.
 
 use pgrx::prelude::*;
-use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::ffi::CStr;
 
+use crate::backend_local::{BackendLocal, BackendRefCell};
 use crate::errors::TicketError;
 use crate::names::Name;
 use crate::{settings, state_tables};
@@ -102,16 +102,14 @@ fn write_key(key: &mut Vec<u8>, kind: RightKind, queue: &[u8], domain: &[u8]) {
     key.extend_from_slice(domain);
 }
 
-thread_local! {
-    static CACHE: RefCell<Cache> = RefCell::new(Cache::default());
-    /// Moves at every change of a role or a membership (`ALTER ROLE ...
-    /// SUPERUSER`, `NOINHERIT`, `GRANT`/`REVOKE` of a role), in this
-    /// session or any other: who inherits whose grants, and who needs
-    /// none, may have changed. The callbacks only count: they may not
-    /// touch the catalogs.
-    static ROLE_CHANGES: Cell<u64> = const { Cell::new(0) };
-    static CALLBACKS_REGISTERED: Cell<bool> = const { Cell::new(false) };
-}
+static CACHE: BackendRefCell<Cache> = BackendRefCell::new();
+
+/// Moves at every change of a role or a membership (`ALTER ROLE ...
+/// SUPERUSER`, `NOINHERIT`, `GRANT`/`REVOKE` of a role), in this session or
+/// any other: who inherits whose grants, and who needs none, may have
+/// changed. The callbacks only count: they may not touch the catalogs.
+static ROLE_CHANGES: BackendLocal<u64> = BackendLocal::new(0);
+static CALLBACKS_REGISTERED: BackendLocal<bool> = BackendLocal::new(false);
 
 unsafe extern "C-unwind" fn on_role_change(_arg: pg_sys::Datum, _cache: std::ffi::c_int, _hash: u32) {
     ROLE_CHANGES.set(ROLE_CHANGES.get() + 1);
@@ -123,11 +121,23 @@ pub fn check(kind: RightKind, queue: Name<'_>, domain: Name<'_>, label: impl FnO
     if !settings::scope_rights() {
         return Ok(());
     }
-    let role = unsafe { pg_sys::GetUserId() };
+    let role = current_user();
     if allowed(role, kind, queue.bytes(), domain.bytes()) {
         return Ok(());
     }
     Err(TicketError::NoScopeRight { scope: label(), role: crate::quota::role_name(role) })
+}
+
+/// The current user. Called at every allocation while rights are on, so
+/// unguarded: pgrx wraps a call into PostgreSQL in a sigsetjmp in case it
+/// raises an ERROR, and miscinit.c's GetUserId only returns a variable
+/// (`return CurrentUserId;`).
+#[inline]
+fn current_user() -> pg_sys::Oid {
+    extern "C" {
+        fn GetUserId() -> pg_sys::Oid;
+    }
+    unsafe { GetUserId() }
 }
 
 /// The decision for `role`, from the memo or its grants.
@@ -135,8 +145,6 @@ fn allowed(role: pg_sys::Oid, kind: RightKind, queue: &[u8], domain: &[u8]) -> b
     let generation = state_tables::generation();
     let role_changes = ROLE_CHANGES.get();
     let (known, remembered) = CACHE.with(|c| {
-        let mut c = c.borrow_mut();
-        let c = &mut *c;
         if c.generation != generation || c.role_changes != role_changes {
             c.roles.clear();
             c.decided = 0;
@@ -174,11 +182,10 @@ fn allowed(role: pg_sys::Oid, kind: RightKind, queue: &[u8], domain: &[u8]) -> b
         if state_tables::generation() != generation || ROLE_CHANGES.get() != role_changes {
             return rights.bypass || rights.grants.covers(kind, queue, domain);
         }
-        CACHE.with(|c| c.borrow_mut().roles.insert(role, rights));
+        CACHE.with(|c| c.roles.insert(role, rights));
     }
     CACHE.with(|c| {
-        let mut c = c.borrow_mut();
-        let Cache { roles, key, decided, last, .. } = &mut *c;
+        let Cache { roles, key, decided, last, .. } = c;
         let Some(rights) = roles.get_mut(&role) else { return false };
         write_key(key, kind, queue, domain);
         let answer = if rights.bypass {

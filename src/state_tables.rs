@@ -19,7 +19,7 @@
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::cell::Cell;
+use crate::backend_local::BackendLocal;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Table {
@@ -46,22 +46,20 @@ pub struct Tables {
     pub has_limits: bool,
 }
 
-thread_local! {
-    /// How many of our own statements on the state tables run now (as an
-    /// owner, `as_owner_of`): a row trigger tells our writes from a load's.
-    static OWN_STATEMENTS: Cell<u32> = const { Cell::new(0) };
-    static CACHE: Cell<Option<Tables>> = const { Cell::new(None) };
-    /// `CACHE` holds tables: `generation()` asks this instead of copying
-    /// them out (it runs in every `snowflake_id()`).
-    static CACHED: Cell<bool> = const { Cell::new(false) };
-    /// Relcache invalidations that arrived while `lookup()`'s own query ran
-    /// (the cache was empty, so they could not be matched to our tables).
-    static MISSED_WHILE_LOOKING: Cell<Option<u32>> = const { Cell::new(None) };
-    static CALLBACK_REGISTERED: Cell<bool> = const { Cell::new(false) };
-    /// Counts the cache's invalidations: what was checked against the
-    /// tables at one generation is checked again at the next.
-    static GENERATION: Cell<u64> = const { Cell::new(0) };
-}
+/// How many of our own statements on the state tables run now (as an
+/// owner, `as_owner_of`): a row trigger tells our writes from a load's.
+static OWN_STATEMENTS: BackendLocal<u32> = BackendLocal::new(0);
+static CACHE: BackendLocal<Option<Tables>> = BackendLocal::new(None);
+/// `CACHE` holds tables: `generation()` asks this instead of copying
+/// them out (it runs in every `snowflake_id()`).
+static CACHED: BackendLocal<bool> = BackendLocal::new(false);
+/// Relcache invalidations that arrived while `lookup()`'s own query ran
+/// (the cache was empty, so they could not be matched to our tables).
+static MISSED_WHILE_LOOKING: BackendLocal<Option<u32>> = BackendLocal::new(None);
+static CALLBACK_REGISTERED: BackendLocal<bool> = BackendLocal::new(false);
+/// Counts the cache's invalidations: what was checked against the
+/// tables at one generation is checked again at the next.
+static GENERATION: BackendLocal<u64> = BackendLocal::new(0);
 
 /// The tables' generation: it moves at every invalidation of any of them
 /// (in this session or any other), and whenever the cache was empty.

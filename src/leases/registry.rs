@@ -39,6 +39,7 @@ use pgrx::prelude::*;
 use pgrx::spi::{SpiClient, SpiError, SpiTupleTable};
 use std::collections::HashMap;
 
+use crate::backend_local::BackendLocal;
 use crate::errors::TicketError;
 use crate::names::Name;
 use crate::clock::{now_unix_ms, timestamptz_or_error, unix_ms_of_timestamptz};
@@ -607,11 +608,9 @@ pub fn revoke(machine_id: u16) -> Result<bool, TicketError> {
     })
 }
 
-thread_local! {
-    /// The state-table generation and own machine id at which this
-    /// database's leases were found to leave the server's own id alone.
-    static OWN_ID_CHECKED: std::cell::Cell<Option<(u64, u16)>> = const { std::cell::Cell::new(None) };
-}
+/// The state-table generation and own machine id at which this
+/// database's leases were found to leave the server's own id alone.
+static OWN_ID_CHECKED: BackendLocal<Option<(u64, u16)>> = BackendLocal::new(None);
 
 /// SPEC §17.4: refuses (55000) while this database's registry has a lease
 /// of `machine_id` — the id this server stamps itself — that is held or

@@ -15,22 +15,20 @@
 //! `pgticket.id_space`, as its owner.
 
 use pgrx::prelude::*;
-use std::cell::Cell;
+use crate::backend_local::BackendLocal;
 use ticket_core::snowflake::{IdSpace, Layout, SnowflakeError};
 
 use crate::errors::{OrRaise, TicketError};
 use crate::{settings, state_tables};
 
-thread_local! {
-    /// The state-table generation at which this database's space was found
-    /// to be this server's.
-    static CHECKED: Cell<Option<u64>> = const { Cell::new(None) };
-    /// The transaction (or subtransaction) that recorded this database's
-    /// space in this backend, if one did.
-    static RECORDED_BY: Cell<pg_sys::TransactionId> = const { Cell::new(pg_sys::InvalidTransactionId) };
-    /// The space `for_reading` found, at a state-table generation.
-    static READ_IN: Cell<Option<(u64, Option<IdSpace>)>> = const { Cell::new(None) };
-}
+/// The state-table generation at which this database's space was found
+/// to be this server's.
+static CHECKED: BackendLocal<Option<u64>> = BackendLocal::new(None);
+/// The transaction (or subtransaction) that recorded this database's
+/// space in this backend, if one did.
+static RECORDED_BY: BackendLocal<pg_sys::TransactionId> = BackendLocal::new(pg_sys::InvalidTransactionId);
+/// The space `for_reading` found, at a state-table generation.
+static READ_IN: BackendLocal<Option<(u64, Option<IdSpace>)>> = BackendLocal::new(None);
 
 /// Whether this database's space was recorded by the current transaction
 /// (its first use is under way here): what the server stamps then is the
@@ -243,7 +241,7 @@ fn rows_in_progress_too(table: pg_sys::Oid) -> Vec<(IdSpace, pg_sys::Transaction
     let mut rows = Vec::new();
     state_tables::for_each_row_seen(table, pg_sys::SnapshotType::SNAPSHOT_DIRTY, |tuple, desc| {
         if let Some(space) = space_of(tuple, desc) {
-            rows.push((space, unsafe { pg_sys::HeapTupleHeaderGetXmin((*tuple).t_data) }));
+            rows.push((space, unsafe { pg_sys::submodules::htup::HeapTupleHeaderGetXmin((*tuple).t_data) }));
         }
     });
     rows
