@@ -85,7 +85,7 @@ thread_local! {
 
 /// The role creating a row now (before any switch to the tables' owner).
 pub fn creator() -> pg_sys::Oid {
-    unsafe { pg_sys::GetUserId() }
+    crate::xact::current_user()
 }
 
 /// The cap `role` runs under in this session (0: none).

@@ -121,23 +121,11 @@ pub fn check(kind: RightKind, queue: Name<'_>, domain: Name<'_>, label: impl FnO
     if !settings::scope_rights() {
         return Ok(());
     }
-    let role = current_user();
+    let role = crate::xact::current_user();
     if allowed(role, kind, queue.bytes(), domain.bytes()) {
         return Ok(());
     }
     Err(TicketError::NoScopeRight { scope: label(), role: crate::quota::role_name(role) })
-}
-
-/// The current user. Called at every allocation while rights are on, so
-/// unguarded: pgrx wraps a call into PostgreSQL in a sigsetjmp in case it
-/// raises an ERROR, and miscinit.c's GetUserId only returns a variable
-/// (`return CurrentUserId;`).
-#[inline]
-fn current_user() -> pg_sys::Oid {
-    extern "C" {
-        fn GetUserId() -> pg_sys::Oid;
-    }
-    unsafe { GetUserId() }
 }
 
 /// The decision for `role`, from the memo or its grants.

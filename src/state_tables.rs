@@ -19,6 +19,7 @@
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
+
 use crate::backend_local::BackendLocal;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]

@@ -1,5 +1,5 @@
 //! What an allocation asks of the current transaction: may it write, and
-//! how its commit is made.
+//! how its commit is made; who runs it.
 
 use pgrx::pg_sys;
 
@@ -29,6 +29,17 @@ pub fn current_subtransaction() -> pg_sys::SubTransactionId {
         fn GetCurrentSubTransactionId() -> pg_sys::SubTransactionId;
     }
     unsafe { GetCurrentSubTransactionId() }
+}
+
+/// The current user. Called at every allocation while rights are on, so
+/// unguarded for the same reason as `current_subtransaction`: miscinit.c's
+/// GetUserId only returns a variable (`return CurrentUserId;`).
+#[inline]
+pub fn current_user() -> pg_sys::Oid {
+    extern "C" {
+        fn GetUserId() -> pg_sys::Oid;
+    }
+    unsafe { GetUserId() }
 }
 
 /// Lifts a `SET TRANSACTION READ ONLY` given after values were taken, for

@@ -15,9 +15,9 @@
 //! `pgticket.id_space`, as its owner.
 
 use pgrx::prelude::*;
-use crate::backend_local::BackendLocal;
 use ticket_core::snowflake::{IdSpace, Layout, SnowflakeError};
 
+use crate::backend_local::BackendLocal;
 use crate::errors::{OrRaise, TicketError};
 use crate::{settings, state_tables};
 

@@ -189,6 +189,13 @@ mod tests {
     }
 
     #[test]
+    fn the_wall_clock_reads_as_the_standard_library_does() {
+        let std_ms = || std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as i64;
+        let (a, w, b) = (std_ms(), wall_ms(), std_ms());
+        assert!(a <= w && w <= b, "{a} <= {w} <= {b}");
+    }
+
+    #[test]
     fn a_checked_reading_keeps_a_recent_boot_reading_and_replaces_an_old_one() {
         let r = reckoning();
         let clocks = FakeClocks::at(20_000, 510_000);
