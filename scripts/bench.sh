@@ -161,37 +161,48 @@ declare -A tps pair_ratio
 # The CPU they share: the last one this script may run on.
 one_cpu=$(taskset -cp $$ | sed 's/.*: //' | tr ',' '\n' | tail -1 | sed 's/.*-//')
 pgbench_tps() { # script clients sync [durable]
-    local durable=${4:-$([ "$3" = off ] && echo off || echo on)} postmaster allowed="" pin=()
+    local durable=${4:-$([ "$3" = off ] && echo off || echo on)} postmaster allowed="" pin=() result
     postmaster=$(head -1 "$dir/data/postmaster.pid")
     if [ "$2" = 1 ]; then
         allowed=$(taskset -cp "$postmaster" | sed 's/.*: //')
         taskset -cp "$one_cpu" "$postmaster" >/dev/null
         pin=(taskset -c "$one_cpu")
     fi
-    PGOPTIONS="-c synchronous_commit=$3 -c pg_ticket.durable_commit=$durable" \
+    result=$(PGOPTIONS="-c synchronous_commit=$3 -c pg_ticket.durable_commit=$durable" \
         "${pin[@]}" "$bindir/pgbench" -n -M prepared -T "$seconds" -c "$2" -j "$2" \
-        -f "$scripts_dir/$1.sql" 2>/dev/null | awk '/^tps/ {printf "%.0f", $3}'
+        -f "$scripts_dir/$1.sql" 2>"$out/pgbench.err" | awk '/^tps/ {printf "%.0f", $3}') || true
     if [ -n "$allowed" ]; then taskset -cp "$allowed" "$postmaster" >/dev/null; fi
+    # A failed run stops the benchmark: a median would hide it.
+    if [ -z "$result" ]; then
+        echo "pgbench $1 ($2 clients, synchronous_commit=$3) failed:" >&2
+        cat "$out/pgbench.err" >&2
+        return 1
+    fi
+    echo "$result"
 }
-# Three alternating pairs (drift hits both sides alike); the ratio is the
-# median of the three pairs' ratios, each pair's two runs side by side.
+# alternate KEY OURS THEIRS: three alternating pairs of the commands OURS
+# and THEIRS (each prints tps; drift hits both sides alike). tps[KEY] and
+# tps[base for KEY] are their medians; pair_ratio[KEY] is the median of the
+# pairs' ratios OURS/THEIRS, each pair's two runs side by side.
+alternate() {
+    local key=$1 a="" b="" r="" x y
+    for _ in 1 2 3; do
+        x=$(eval "$2")
+        y=$(eval "$3")
+        a+="$x"$'\n' b+="$y"$'\n'
+        r+="$(awk -v x="$x" -v y="$y" 'BEGIN { printf "%.4f", x / y }')"$'\n'
+    done
+    tps[$key]=$(printf '%s' "$a" | median)
+    tps["base for $key"]=$(printf '%s' "$b" | median)
+    pair_ratio[$key]=$(printf '%s' "$r" | median)
+    echo "  $key: ${tps[$key]} tps against ${tps[base for $key]}, pairs $(printf '%s' "$r" | tr '\n' ' ')" >&2
+}
 pairs=("snowflake nextval" "ticket_same nextval" "scoped_same plain_same" "scoped_distinct plain_distinct" "block plain_block")
 for sync in on off; do
     for clients in 1 8; do
         for pair in "${pairs[@]}"; do
             read -r ours theirs <<<"$pair"
-            a="" b="" r=""
-            for _ in 1 2 3; do
-                x=$(pgbench_tps "$ours" "$clients" "$sync")
-                y=$(pgbench_tps "$theirs" "$clients" "$sync")
-                a+="$x"$'\n' b+="$y"$'\n'
-                r+="$(awk -v x="$x" -v y="$y" 'BEGIN { printf "%.4f", x / y }')"$'\n'
-            done
-            key="$ours/$clients/$sync"
-            tps[$key]=$(printf '%s' "$a" | median)
-            tps["$theirs for $key"]=$(printf '%s' "$b" | median)
-            pair_ratio[$key]=$(printf '%s' "$r" | median)
-            echo "  sync=$sync c=$clients $ours ${tps[$key]} vs $theirs ${tps[$theirs for $key]}, pairs $(printf '%s' "$r" | tr '\n' ' ')" >&2
+            alternate "$ours/$clients/$sync" "pgbench_tps $ours $clients $sync" "pgbench_tps $theirs $clients $sync"
         done
     done
 done
@@ -225,14 +236,7 @@ for role in bench_open bench_tenant; do
     PGUSER=$role in_backend "rights_1M_$role" "$(calls "next_scoped_id('rights-$role', 'run-%RUN%')" 1000000)"
 done
 echo "SELECT next_scoped_id('bench-rights', 'shared');" >"$scripts_dir/scoped_rights.sql"
-a="" b=""
-for _ in 1 2 3; do
-    a+="$(PGUSER=bench_open pgbench_tps scoped_rights 1 off)"$'\n'
-    b+="$(PGUSER=bench_tenant pgbench_tps scoped_rights 1 off)"$'\n'
-done
-tps[rights_open]=$(printf '%s' "$a" | median)
-tps[rights_tenant]=$(printf '%s' "$b" | median)
-echo "  rights off ${tps[rights_open]} tps, on ${tps[rights_tenant]} tps" >&2
+alternate rights "PGUSER=bench_tenant pgbench_tps scoped_rights 1 off" "PGUSER=bench_open pgbench_tps scoped_rights 1 off"
 cost() { awk -v off="$1" -v on="$2" 'BEGIN { printf "%+.1f%%", 100 * (on - off) / off }'; }
 
 {
@@ -284,7 +288,7 @@ cost() { awk -v off="$1" -v on="$2" 'BEGIN { printf "%+.1f%%", 100 * (on - off) 
             for pair in "${pairs[@]}"; do
                 read -r ours theirs <<<"$pair"
                 key="$ours/$clients/$sync"
-                echo "| $ours | $sync | $clients | ${tps[$key]} | $theirs | ${tps[$theirs for $key]} | ${pair_ratio[$key]} |"
+                echo "| $ours | $sync | $clients | ${tps[$key]} | $theirs | ${tps[base for $key]} | ${pair_ratio[$key]} |"
             done
         done
     done
@@ -298,7 +302,7 @@ cost() { awk -v off="$1" -v on="$2" 'BEGIN { printf "%+.1f%%", 100 * (on - off) 
     echo "| workload | pg_ticket.scope_rights off | on, 1 000 grants | cost |"
     echo "|---|---|---|---|"
     echo "| next_scoped_id × 1M in one transaction (ms) | ${ms[rights_1M_bench_open]} | ${ms[rights_1M_bench_tenant]} | $(cost "${ms[rights_1M_bench_open]}" "${ms[rights_1M_bench_tenant]}") time |"
-    echo "| pgbench next_scoped_id, 1 client, synchronous_commit off (tps) | ${tps[rights_open]} | ${tps[rights_tenant]} | $(cost "${tps[rights_tenant]}" "${tps[rights_open]}") time per transaction |"
+    echo "| pgbench next_scoped_id, 1 client, synchronous_commit off (tps; cost: the median of 3 alternating pairs) | ${tps[base for rights]} | ${tps[rights]} | $(awk -v r="${pair_ratio[rights]}" 'BEGIN { printf "%+.1f%%", 100 * (1 / r - 1) }') time per transaction |"
     echo
     echo "### The default: durable commits under synchronous_commit = off"
     echo

@@ -8,7 +8,7 @@
 //!
 //! 1. Ground: what everything uses, importing nothing above it.
 //! - `names`: `text` arguments as the database's bytes (any encoding).
-//! - `backend_local`: a backend's own values in plain statics (hot paths).
+//! - `backend_local`: every per-backend value, in plain statics (no TLS).
 //! - `clock`: the real clock in Unix ms, and timestamptz conversions.
 //! - `refusals`: the refusal and wait counts behind `pgticket.status`.
 //! - `errors`: every error pg_ticket raises, with its SQLSTATE.

@@ -42,9 +42,9 @@
 
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
-use std::cell::RefCell;
 use std::collections::HashMap;
 
+use crate::backend_local::BackendRefCell;
 use crate::errors::TicketError;
 use crate::{settings, state_tables};
 
@@ -79,9 +79,7 @@ struct Pending {
     committed: HashMap<Counted, Committed>,
 }
 
-thread_local! {
-    static PENDING: RefCell<Pending> = RefCell::new(Pending::default());
-}
+static PENDING: BackendRefCell<Pending> = BackendRefCell::new();
 
 /// The role creating a row now (before any switch to the tables' owner).
 pub fn creator() -> pg_sys::Oid {
@@ -151,13 +149,13 @@ pub fn check_room(role: pg_sys::Oid) -> Result<(), TicketError> {
     let cap = session_cap();
     let Some(table) = capped(role, cap) else { return Ok(()) };
     let counted = (role, table.oid);
-    let known = PENDING.with(|p| p.borrow().committed.get(&counted).copied());
+    let known = PENDING.with(|p| p.committed.get(&counted).copied());
     let committed = known.unwrap_or_else(|| {
         let read = read_sum(table, role);
-        PENDING.with(|p| p.borrow_mut().committed.insert(counted, read));
+        PENDING.with(|p| p.committed.insert(counted, read));
         read
     });
-    let mine = PENDING.with(|p| p.borrow().mine.get(&counted).copied().unwrap_or(0));
+    let mine = PENDING.with(|p| p.mine.get(&counted).copied().unwrap_or(0));
     let created = committed.scopes.saturating_add(mine);
     if created >= cap {
         return Err(refusal(role, created, cap));
@@ -170,7 +168,6 @@ pub fn created(role: pg_sys::Oid) {
     let Some(table) = capped(role, session_cap()) else { return };
     let subxact = crate::xact::current_subtransaction();
     PENDING.with(|p| {
-        let mut p = p.borrow_mut();
         p.created.push(Created { subxact, role, table: table.oid });
         *p.mine.entry((role, table.oid)).or_insert(0) += 1;
     });
@@ -179,7 +176,6 @@ pub fn created(role: pg_sys::Oid) {
 /// A savepoint rolled back: the rows it and its children made are gone.
 pub fn on_subxact_abort(aborted: pg_sys::SubTransactionId) {
     PENDING.with(|p| {
-        let mut p = p.borrow_mut();
         while p.created.last().is_some_and(|c| c.subxact >= aborted) {
             let gone = p.created.pop().expect("checked");
             *p.mine.get_mut(&(gone.role, gone.table)).expect("counted when created") -= 1;
@@ -189,15 +185,12 @@ pub fn on_subxact_abort(aborted: pg_sys::SubTransactionId) {
 
 /// Does this transaction hold anything (rows to count, sums read)?
 pub fn idle() -> bool {
-    PENDING.with(|p| {
-        let p = p.borrow();
-        p.created.is_empty() && p.committed.is_empty()
-    })
+    PENDING.with(|p| p.created.is_empty() && p.committed.is_empty())
 }
 
 /// Did this transaction create rows still to be counted?
 pub fn pending() -> bool {
-    PENDING.with(|p| !p.borrow().created.is_empty())
+    PENDING.with(|p| !p.created.is_empty())
 }
 
 /// What this transaction created for `role` and has not counted yet (the
@@ -206,7 +199,6 @@ pub fn pending() -> bool {
 pub fn pending_for(role: pg_sys::Oid) -> i64 {
     let Some(table) = state_tables::lookup().and_then(|t| t.scope_quota) else { return 0 };
     PENDING.with(|p| {
-        let mut p = p.borrow_mut();
         p.committed.remove(&(role, table.oid));
         p.mine.get(&(role, table.oid)).copied().unwrap_or(0)
     })
@@ -216,7 +208,6 @@ pub fn pending_for(role: pg_sys::Oid) -> i64 {
 /// table there is now (one dropped in this transaction took its counts).
 pub fn flush() {
     let (created, committed) = PENDING.with(|p| {
-        let mut p = p.borrow_mut();
         (std::mem::take(&mut p.created), p.committed.clone())
     });
     let Some(table) = state_tables::lookup().and_then(|t| t.scope_quota) else { return };
@@ -237,7 +228,7 @@ pub fn flush() {
 
 /// Commit or abort: nothing pending any more.
 pub fn forget() {
-    PENDING.with(|p| *p.borrow_mut() = Pending::default());
+    PENDING.with(|p| *p = Pending::default());
 }
 
 /// Insert a row counting `n` new names of `role`: never a wait.

@@ -16,7 +16,7 @@ use pgrx::guc::{GucContext, GucFlags, GucRegistry, GucSetting};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
 use std::ffi::{c_char, c_void, CStr, CString};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use ticket_core::epoch::parse_epoch_ms;
 use ticket_core::sharded::parse_shard_list;
 use ticket_core::leases::parse_id_list;
@@ -544,11 +544,12 @@ unsafe extern "C-unwind" fn check_shards(newval: *mut *mut c_char, _extra: *mut 
     unsafe { check_string(newval, true, |text| parse_shard_list(text).map(|_| ()).map_err(|e| e.to_string())) }
 }
 
-thread_local! {
-    /// The shards of `pg_ticket.shards` as this backend has it, one bit
-    /// each: set by the assign hook, so a call reads a bit, not the text.
-    static OWNED_SHARDS: std::cell::RefCell<[u64; 64]> = const { std::cell::RefCell::new([0; 64]) };
-}
+/// The shards of `pg_ticket.shards` as this process has it, one bit each:
+/// set by the assign hook, so a call reads a bit, not the text. Atomics
+/// only to be a plain static (relaxed: a plain load); each process has its
+/// own copy, a backend the postmaster's from its fork, as a thread-local
+/// would be.
+static OWNED_SHARDS: [AtomicU64; 64] = [const { AtomicU64::new(0) }; 64];
 
 /// Runs at every set of the value (start, reload, SET is not allowed):
 /// already checked, so it parses.
@@ -559,12 +560,14 @@ unsafe extern "C-unwind" fn assign_shards(newval: *const c_char, _extra: *mut c_
     for shard in parse_shard_list(&text).unwrap_or_default() {
         bits[usize::from(shard / 64)] |= 1 << (shard % 64);
     }
-    OWNED_SHARDS.with(|owned| *owned.borrow_mut() = bits);
+    for (owned, bits) in OWNED_SHARDS.iter().zip(bits) {
+        owned.store(bits, Ordering::Relaxed);
+    }
 }
 
 /// Does this server own `shard` (`pg_ticket.shards`, as reloaded)?
 pub fn owns_shard(shard: u16) -> bool {
-    OWNED_SHARDS.with(|owned| owned.borrow()[usize::from(shard / 64)] & (1 << (shard % 64)) != 0)
+    OWNED_SHARDS[usize::from(shard / 64)].load(Ordering::Relaxed) & (1 << (shard % 64)) != 0
 }
 
 /// A bad epoch is refused when set, not at the next restart.

@@ -15,10 +15,10 @@
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::cell::RefCell;
 use std::ffi::c_void;
 
 use super::store::{self, Locked};
+use crate::backend_local::BackendRefCell;
 use crate::state_tables::{self, Table, Tables};
 use crate::errors::TicketError;
 use crate::names::Name;
@@ -81,9 +81,7 @@ struct XactState {
     key_buf: Vec<u8>,
 }
 
-thread_local! {
-    static STATE: RefCell<XactState> = RefCell::new(XactState::default());
-}
+static STATE: BackendRefCell<XactState> = BackendRefCell::new();
 
 /// Key: kind byte, the table's relation id, first name, NUL, second name
 /// (text never holds NUL). Names are the database's bytes.
@@ -140,8 +138,6 @@ pub fn current(kind: Kind, a: Name<'_>, b: Name<'_>) -> Result<i64, TicketError>
     kind.check_right(a, b)?;
     let table = kind.table(&state_tables::current()).oid;
     let local = STATE.with(|s| {
-        let mut s = s.borrow_mut();
-        let s = &mut *s;
         encode_key(&mut s.key_buf, kind, table, a, b);
         s.marks.mark(&s.key_buf)
     });
@@ -170,8 +166,6 @@ fn update_row_unnamed(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> R
     let subxact = xact::current_subtransaction();
     let table = kind.table(&state_tables::current()).oid;
     let fast = STATE.with(|s| -> Option<Result<Mark, TicketError>> {
-        let mut s = s.borrow_mut();
-        let s = &mut *s;
         if s.flushed {
             return Some(Err(TicketError::AllocationAfterFlush));
         }
@@ -185,7 +179,6 @@ fn update_row_unnamed(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> R
     // Refuse at the cap before locking, so nothing is held that the
     // backend-local state does not know of.
     STATE.with(|s| {
-        let mut s = s.borrow_mut();
         s.marks.set_max_entries(settings::max_transaction_entries());
         s.marks.room_for_new_scope(subxact)
     })?;
@@ -204,8 +197,6 @@ fn update_row_unnamed(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> R
         other => other.apply(kind.what(), stored),
     };
     STATE.with(|s| {
-        let mut s = s.borrow_mut();
-        let s = &mut *s;
         encode_key(&mut s.key_buf, kind, table, a, b);
         s.marks.hold(&s.key_buf, subxact, stored, *current.as_ref().unwrap_or(&stored))
     })?;
@@ -213,7 +204,7 @@ fn update_row_unnamed(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> R
 }
 
 fn register_callbacks() {
-    let first = STATE.with(|s| !std::mem::replace(&mut s.borrow_mut().callbacks_registered, true));
+    let first = STATE.with(|s| !std::mem::replace(&mut s.callbacks_registered, true));
     if first {
         // Registered once for the backend's life: pgrx's own per-transaction
         // hooks survive PREPARE TRANSACTION and fire in the next transaction.
@@ -229,7 +220,6 @@ fn register_callbacks() {
 /// durable.
 fn flush_marks() {
     let dirty: Vec<(Box<[u8]>, Mark)> = STATE.with(|s| {
-        let mut s = s.borrow_mut();
         s.flushed = true;
         s.marks.dirty().map(|(k, m)| (Box::from(k), m)).collect()
     });
@@ -263,7 +253,6 @@ fn flush_marks() {
 
 fn forget_all() {
     STATE.with(|s| {
-        let mut s = s.borrow_mut();
         s.marks.clear();
         s.flushed = false;
     });
@@ -275,7 +264,6 @@ unsafe extern "C-unwind" fn on_xact_event(event: pg_sys::XactEvent::Type, _arg: 
     // A refused new scope leaves no mark but a quota sum read: forgotten
     // at the end like the rest, or the next transaction would trust it.
     let idle = STATE.with(|s| {
-        let s = s.borrow();
         s.marks.is_empty() && !s.flushed
     }) && crate::quota::idle();
     if idle {
@@ -298,7 +286,6 @@ unsafe extern "C-unwind" fn on_subxact_event(
     _arg: *mut c_void,
 ) {
     STATE.with(|s| {
-        let mut s = s.borrow_mut();
         match event {
             pg_sys::SubXactEvent::SUBXACT_EVENT_COMMIT_SUB => s.marks.commit_sub(my_subid, parent_subid),
             pg_sys::SubXactEvent::SUBXACT_EVENT_ABORT_SUB => s.marks.abort_sub(my_subid),

@@ -12,9 +12,9 @@ use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;
 use pgrx::spi::{OwnedPreparedStatement, SpiClient};
 use pgrx::PgOid;
-use std::cell::RefCell;
 
 use super::allocator::Kind;
+use crate::backend_local::BackendRefCell;
 use crate::state_tables::{self, as_owner_of, Tables};
 use crate::names::Name;
 use ticket_core::counter::Mark;
@@ -30,11 +30,9 @@ struct Statements {
     write: OwnedPreparedStatement,
 }
 
-thread_local! {
-    /// Per kind, with the tables they were prepared for: tables of another
-    /// shape (0.1.0's, before the update) or owner need other statements.
-    static STATEMENTS: RefCell<[Option<(Tables, Statements)>; 2]> = const { RefCell::new([None, None]) };
-}
+/// Per kind, with the tables they were prepared for: tables of another
+/// shape (0.1.0's, before the update) or owner need other statements.
+static STATEMENTS: BackendRefCell<[Option<(Tables, Statements)>; 2]> = BackendRefCell::new();
 
 fn table(kind: Kind) -> (&'static str, &'static [&'static str]) {
     match kind {
@@ -103,8 +101,7 @@ fn prepare(client: &SpiClient<'_>, kind: Kind, tables: Tables) -> Statements {
 fn with_statements<R>(kind: Kind, f: impl FnOnce(&mut SpiClient<'_>, &Statements) -> R) -> R {
     let tables = state_tables::current();
     as_owner_of(kind.table(&tables), || Spi::connect_mut(|client| {
-        STATEMENTS.with(|cell| {
-            let mut all = cell.borrow_mut();
+        STATEMENTS.with(|all| {
             let slot = &mut all[kind as usize];
             if slot.as_ref().is_none_or(|(prepared_for, _)| *prepared_for != tables) {
                 *slot = Some((tables, prepare(client, kind, tables)));

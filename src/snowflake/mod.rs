@@ -20,6 +20,7 @@
 //! by the generator's own reading); another backend's mark write through
 //! `pause` (a yield) and `sleep` (the latch, 1 ms at a time).
 
+use crate::backend_local::BackendLocal;
 use crate::clock::now_unix_ms;
 use crate::errors::{OrRaise, TicketError};
 use crate::settings::{self, MachineId};
@@ -126,10 +127,8 @@ fn last_stamp_unix_ms() -> Option<i64> {
 /// would wait for a writer that is gone, until a restart (SPEC §13.3).
 struct MarkWriter;
 
-thread_local! {
-    static WRITING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-    static EXIT_CALLBACK: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-}
+static WRITING: BackendLocal<bool> = BackendLocal::new(false);
+static EXIT_CALLBACK: BackendLocal<bool> = BackendLocal::new(false);
 
 impl MarkWriter {
     fn enter() -> MarkWriter {

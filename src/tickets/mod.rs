@@ -20,13 +20,13 @@ mod worker;
 
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crate::args::{required, scope_args};
+use crate::backend_local::BackendRefCell;
 use crate::errors::{postgres_errors_as_raised, OrRaise, TicketError};
 use crate::names::Name;
 use crate::{settings, state_tables, xact};
@@ -116,15 +116,13 @@ struct Known {
     generation: u64,
 }
 
-thread_local! {
-    static KEY_BUF: RefCell<Vec<u8>> = const { RefCell::new(Vec::new()) };
-    /// By the scope's hash; a collision just makes the other scope look
-    /// itself up again. No allocation on a hit.
-    static KNOWN: RefCell<HashMap<u64, Known>> = RefCell::new(HashMap::new());
-    /// Scopes moved by `pgticket.advance_ticket` in this backend, with the
-    /// (sub)transactions that hold their row locked until they end.
-    static ADVANCED: RefCell<HashMap<u64, Vec<pg_sys::TransactionId>>> = RefCell::new(HashMap::new());
-}
+static KEY_BUF: BackendRefCell<Vec<u8>> = BackendRefCell::new();
+/// By the scope's hash; a collision just makes the other scope look itself
+/// up again. No allocation on a hit.
+static KNOWN: BackendRefCell<HashMap<u64, Known>> = BackendRefCell::new();
+/// Scopes moved by `pgticket.advance_ticket` in this backend, with the
+/// (sub)transactions that hold their row locked until they end.
+static ADVANCED: BackendRefCell<HashMap<u64, Vec<pg_sys::TransactionId>>> = BackendRefCell::new();
 
 fn my_database() -> u32 {
     unsafe { pg_sys::MyDatabaseId }.to_u32()
@@ -135,8 +133,7 @@ fn my_database() -> u32 {
 /// if none is free: its cached rest becomes a gap).
 fn locate(scope: &ScopeId<'_>, before_placing: impl FnOnce()) -> (usize, u64) {
     let known = KNOWN.with(|k| {
-        k.borrow()
-            .get(&scope.hash)
+        k.get(&scope.hash)
             .filter(|known| known.db == scope.db && known.table == scope.table && &*known.key == scope.key)
             .map(|known| (known.slot, known.generation))
     });
@@ -148,7 +145,6 @@ fn locate(scope: &ScopeId<'_>, before_placing: impl FnOnce()) -> (usize, u64) {
         find(scope, true).expect("an exclusive find always places the scope")
     });
     KNOWN.with(|k| {
-        let mut k = k.borrow_mut();
         if k.len() >= LOCAL_MAX {
             k.clear();
         }
@@ -188,7 +184,7 @@ fn refuse_a_new_scope_past_the_cap(queue: Name<'_>, domain: Name<'_>) {
 }
 
 fn forget(hash: u64) {
-    KNOWN.with(|k| k.borrow_mut().remove(&hash));
+    KNOWN.with(|k| k.remove(&hash));
 }
 
 /// Look the scope up in the directory; with `place`, under the exclusive
@@ -249,10 +245,9 @@ pub fn next(queue: Name<'_>, domain: Name<'_>) -> i64 {
     }
     xact::check_writable().or_raise();
     check_right(queue, domain);
-    KEY_BUF.with(|buf| {
-        let mut key = buf.borrow_mut();
-        encode(&mut key, queue, domain);
-        take(&key, queue, domain)
+    KEY_BUF.with(|key| {
+        encode(key, queue, domain);
+        take(key, queue, domain)
     })
 }
 
@@ -339,7 +334,6 @@ fn is_current(xid: pg_sys::TransactionId) -> bool {
 fn remember_advanced(hash: u64) {
     let xid = unsafe { pg_sys::GetCurrentTransactionId() };
     ADVANCED.with(|a| {
-        let mut a = a.borrow_mut();
         if a.len() >= LOCAL_MAX {
             // Only entries of transactions still running matter.
             a.retain(|_, xids| {
@@ -356,7 +350,7 @@ fn remember_advanced(hash: u64) {
 /// The worker cannot reserve a scope whose row this transaction holds
 /// locked since `pgticket.advance_ticket`: waiting for it would wait on ourselves.
 fn refuse_if_advanced_here(hash: u64, queue: Name<'_>, domain: Name<'_>) {
-    let here = ADVANCED.with(|a| a.borrow().get(&hash).is_some_and(|xids| xids.iter().any(|xid| is_current(*xid))));
+    let here = ADVANCED.with(|a| a.get(&hash).is_some_and(|xids| xids.iter().any(|xid| is_current(*xid))));
     if here {
         TicketError::TicketsUnavailable(format!(
             "this transaction moved the ticket scope ({}, {}) forward (pgticket.advance_ticket, or a number given to a trigger made with on_explicit => 'advance'), which holds it until the commit; take tickets of it after the commit",

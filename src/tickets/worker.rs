@@ -35,6 +35,7 @@ use std::time::Duration;
 
 use super::shmem::{self, monotonic_ms, Directory, Failure, KEY_MAX};
 use super::split;
+use crate::backend_local::BackendLocal;
 use crate::errors::TicketError;
 use crate::names::Name;
 use crate::state_tables::{self, as_owner_of};
@@ -319,10 +320,8 @@ pub extern "C-unwind" fn ticket_worker_main(arg: pg_sys::Datum) {
     }
 }
 
-thread_local! {
-    /// This worker's registry entry (in shared memory), once it claimed it.
-    static THIS_WORKER: std::cell::Cell<Option<&'static shmem::WorkerSlot>> = const { std::cell::Cell::new(None) };
-}
+/// This worker's registry entry (in shared memory), once it claimed it.
+static THIS_WORKER: BackendLocal<Option<&'static shmem::WorkerSlot>> = BackendLocal::new(None);
 
 /// How long the worker of `db` has been waiting for its commit (for the
 /// synchronous standbys), if it is and has been for a while.
@@ -421,7 +420,7 @@ fn install(requests: &[Wanted], results: Vec<Reserved>, (min, max): (i64, i64)) 
         if let (Reserved::Segment(segment), true) = (reserved, settings::test_reorder_ticket_installs()) {
             // Test builds: install this segment after the next pass's, as a
             // second worker of the database can (#31 item 9).
-            if let Some(earlier) = HELD_BACK.take() {
+            if let Some(earlier) = HELD_BACK.replace(None) {
                 held_back = Some(earlier);
             } else {
                 HELD_BACK.set(Some((request.slot, request.generation, request.asks, segment)));
@@ -436,11 +435,9 @@ fn install(requests: &[Wanted], results: Vec<Reserved>, (min, max): (i64, i64)) 
     unsafe { pg_sys::ConditionVariableBroadcast(shmem::cv()) };
 }
 
-thread_local! {
-    /// Test builds (`pg_ticket.test_reorder_ticket_installs`): a segment
-    /// held back to be installed after the next one.
-    static HELD_BACK: std::cell::Cell<Option<(usize, u64, u64, Segment)>> = const { std::cell::Cell::new(None) };
-}
+/// Test builds (`pg_ticket.test_reorder_ticket_installs`): a segment
+/// held back to be installed after the next one.
+static HELD_BACK: BackendLocal<Option<(usize, u64, u64, Segment)>> = BackendLocal::new(None);
 
 /// One reservation into slot `index`, if it still holds the scope asked
 /// for (at `generation`).
