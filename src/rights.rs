@@ -32,7 +32,7 @@ use crate::backend_local::{BackendLocal, BackendRefCell};
 use crate::errors::TicketError;
 use crate::names::Name;
 use crate::{settings, state_tables};
-use ticket_core::fast_map::FastMap;
+use ticket_core::fast_map::{same_key, FastMap};
 use ticket_core::rights::{GrantIndex, RightKind, ScopeGrant};
 
 /// Scopes decided before the memo is started over, for all roles together
@@ -77,7 +77,8 @@ struct LastDecision {
 
 impl LastDecision {
     fn answers(&self, role: pg_sys::Oid, kind: RightKind, queue: &[u8], domain: &[u8]) -> Option<bool> {
-        (self.role == role && self.kind == kind && self.queue == queue && self.domain == domain).then_some(self.answer)
+        (self.role == role && self.kind == kind && same_key(&self.queue, queue) && same_key(&self.domain, domain))
+            .then_some(self.answer)
     }
 
     /// Remembers a decision, reusing the names' buffers.

@@ -31,6 +31,7 @@ use crate::errors::{postgres_errors_as_raised, OrRaise, TicketError};
 use crate::names::Name;
 use crate::{settings, state_tables, xact};
 use shmem::{Directory, Failure, ScopeId};
+use ticket_core::fast_map::same_key;
 use ticket_core::rights::RightKind;
 use ticket_core::tickets::Take;
 
@@ -134,7 +135,7 @@ fn my_database() -> u32 {
 fn locate(scope: &ScopeId<'_>, before_placing: impl FnOnce()) -> (usize, u64) {
     let known = KNOWN.with(|k| {
         k.get(&scope.hash)
-            .filter(|known| known.db == scope.db && known.table == scope.table && &*known.key == scope.key)
+            .filter(|known| known.db == scope.db && known.table == scope.table && same_key(&known.key, scope.key))
             .map(|known| (known.slot, known.generation))
     });
     if let Some(found) = known {

@@ -19,7 +19,7 @@
 //! Keys are opaque bytes to this module (the caller encodes kind, table and
 //! names in the database's own encoding).
 
-use crate::fast_map::FastMap;
+use crate::fast_map::{same_key, FastMap};
 use thiserror::Error;
 
 use crate::counter::Mark;
@@ -125,7 +125,7 @@ impl LocalMarks {
     /// Where the scope `key` is held, if it is; remembered as the last.
     fn find(&mut self, key: &[u8]) -> Option<usize> {
         if let Some(i) = self.last {
-            if *self.held[i].key == *key {
+            if same_key(&self.held[i].key, key) {
                 return Some(i);
             }
         }
