@@ -20,6 +20,11 @@ const NO_NAME: Name<'static> = Name(b"");
 #[pg_extern(volatile, parallel_unsafe)]
 fn next_scoped_id(queue: Option<Name<'_>>, domain: Option<Name<'_>>) -> i64 {
     postgres_errors_as_raised(|| {
+        if let (Some(queue), Some(domain)) = (queue, domain) {
+            if let Some(id) = counters::take_again(Kind::Scope, queue, domain, 1) {
+                return id;
+            }
+        }
         let (queue, domain) = scope_args(queue, domain);
         counters::take(Kind::Scope, queue, domain, 1).or_raise()
     })

@@ -119,14 +119,16 @@ unsafe extern "C-unwind" fn on_role_change(_arg: pg_sys::Datum, _cache: std::ffi
 /// May the current user allocate from `(kind, queue, domain)` (a block's
 /// domain is empty)? `label` names it in the refusal (42501).
 pub fn check(kind: RightKind, queue: Name<'_>, domain: Name<'_>, label: impl FnOnce() -> String) -> Result<(), TicketError> {
-    if !settings::scope_rights() {
+    if permits(kind, queue, domain) {
         return Ok(());
     }
-    let role = crate::xact::current_user();
-    if allowed(role, kind, queue.bytes(), domain.bytes()) {
-        return Ok(());
-    }
-    Err(TicketError::NoScopeRight { scope: label(), role: crate::quota::role_name(role) })
+    Err(TicketError::NoScopeRight { scope: label(), role: crate::quota::role_name(crate::xact::current_user()) })
+}
+
+/// [`check`]'s answer without the refusal.
+#[inline]
+pub fn permits(kind: RightKind, queue: Name<'_>, domain: Name<'_>) -> bool {
+    !settings::scope_rights() || allowed(crate::xact::current_user(), kind, queue.bytes(), domain.bytes())
 }
 
 /// The decision for `role`, from the memo or its grants.
@@ -259,14 +261,16 @@ fn read_grants(table: pg_sys::Oid, role: pg_sys::Oid) -> Vec<ScopeGrant> {
 fn may_allocate(kind: Option<&str>, queue: Option<Name<'_>>, domain: Option<Name<'_>>) -> bool {
     crate::errors::postgres_errors_as_raised(|| {
         let kind = crate::args::required("kind", kind);
-        let queue = crate::args::required("queue", queue);
+        // Names outside the limits are refused as the allocators refuse
+        // them, and never reach the memo of decisions.
+        let queue = crate::args::name_arg("queue", queue);
         let right = match kind {
             "scoped_id" | "ticket" => RightKind::Scope,
             "block" => RightKind::Block,
             other => TicketError::InvalidArgument(format!("kind is 'scoped_id', 'ticket' or 'block', not {other:?}")).raise(),
         };
         let domain = match (right, domain) {
-            (RightKind::Scope, domain) => crate::args::required("domain", domain),
+            (RightKind::Scope, domain) => crate::args::name_arg("domain", domain),
             (RightKind::Block, None) => Name(b""),
             // A block name has no domain: one given is a mistake (the
             // answer would not be about it).

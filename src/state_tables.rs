@@ -71,6 +71,13 @@ pub fn generation() -> u64 {
     GENERATION.get()
 }
 
+/// The generation of the tables cached now, None if none are: while it
+/// stays, every lookup answers with the same tables.
+#[inline]
+pub fn cached_generation() -> Option<u64> {
+    CACHED.get().then(|| GENERATION.get())
+}
+
 impl Tables {
     /// The owners of the tables that hold marks.
     pub fn owners(&self) -> Vec<pg_sys::Oid> {

@@ -10,11 +10,16 @@ use crate::errors::TicketError;
 /// standbys refuse them, as they refuse nextval().
 #[inline]
 pub fn check_writable() -> Result<(), TicketError> {
-    // During recovery every transaction is read-only, so one flag covers both.
-    if unsafe { pg_sys::XactReadOnly } {
+    if read_only() {
         return Err(TicketError::ReadOnly { standby: unsafe { pg_sys::RecoveryInProgress() } });
     }
     Ok(())
+}
+
+/// During recovery every transaction is read-only, so one flag covers both.
+#[inline]
+pub fn read_only() -> bool {
+    unsafe { pg_sys::XactReadOnly }
 }
 
 /// The current subtransaction's id. Called once per allocation: pgrx

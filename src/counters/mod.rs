@@ -14,5 +14,5 @@
 mod allocator;
 mod store;
 
-pub use allocator::{advance, claim, current, limit, retire, take, Kind};
+pub use allocator::{advance, claim, current, limit, retire, take, take_again, Kind};
 pub use store::merge_loaded;

@@ -125,7 +125,13 @@ pub fn check_block_size(size: i64) -> Result<(), CounterError> {
 /// passes `limit`.
 #[inline]
 pub fn take(what: &'static str, mark: i64, n: i64, limit: i64) -> Result<i64, CounterError> {
-    mark.checked_add(n).filter(|m| *m <= limit).ok_or(CounterError::Overflow { what, mark, n, limit })
+    after_taking(mark, n, limit).ok_or(CounterError::Overflow { what, mark, n, limit })
+}
+
+/// [`take`] without the refusal: None where it refuses.
+#[inline]
+pub fn after_taking(mark: i64, n: i64, limit: i64) -> Option<i64> {
+    mark.checked_add(n).filter(|m| *m <= limit)
 }
 
 #[cfg(test)]

@@ -194,6 +194,13 @@ fn a_grants_table_without_its_trigger_is_refused() {
         Err((state, message)) => assert!(state == "55000" && message.contains("\"changed\""), "{state}: {message}"),
         Ok(v) => panic!("allocated {v} while revokes could not reach the session"),
     }
+    // Bad arguments are refused as such, before any state is read (the
+    // shorter path for a repeat of the scope served last, tried first at
+    // every call, checks the names before it asks for a grant).
+    for sql in ["SELECT next_scoped_id('', 'd')", "SELECT next_scoped_id('q', repeat('d', 256))"] {
+        let got = value(&mut hal, sql);
+        assert!(matches!(&got, Err((state, _)) if state == "22023"), "{sql}: {got:?}");
+    }
     admin
         .batch_execute(
             "CREATE TRIGGER changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgticket.rights
@@ -393,6 +400,9 @@ fn membership_set_role_and_bad_input() {
         ("SELECT pgticket.grant_block('rg_plain', repeat('q', 256) || '*x')", "22023"),
         ("SELECT pgticket.grant_scope('rg_nobody_at_all', 'q')", "42704"),
         ("SELECT pgticket.may_allocate('sequence', 'q', 'd')", "22023"),
+        ("SELECT pgticket.may_allocate('scoped_id', repeat('q', 256), 'd')", "22023"),
+        ("SELECT pgticket.may_allocate('scoped_id', 'q', '')", "22023"),
+        ("SELECT pgticket.may_allocate('block', '', NULL)", "22023"),
     ] {
         let err = admin.batch_execute(sql).unwrap_err();
         assert_eq!(sqlstate(&err), state, "{sql}: {err}");
