@@ -119,16 +119,39 @@ unsafe extern "C-unwind" fn on_role_change(_arg: pg_sys::Datum, _cache: std::ffi
 /// May the current user allocate from `(kind, queue, domain)` (a block's
 /// domain is empty)? `label` names it in the refusal (42501).
 pub fn check(kind: RightKind, queue: Name<'_>, domain: Name<'_>, label: impl FnOnce() -> String) -> Result<(), TicketError> {
-    if permits(kind, queue, domain) {
+    if !settings::scope_rights() {
         return Ok(());
     }
-    Err(TicketError::NoScopeRight { scope: label(), role: crate::quota::role_name(crate::xact::current_user()) })
+    let role = crate::xact::current_user();
+    if allowed(role, kind, queue.bytes(), domain.bytes()) {
+        return Ok(());
+    }
+    Err(TicketError::NoScopeRight { scope: label(), role: crate::quota::role_name(role) })
 }
 
-/// [`check`]'s answer without the refusal.
+/// Everything a decision depends on besides the scope: the user, the
+/// roles and memberships (`ROLE_CHANGES`) and the grants (the state
+/// tables' generation; None while none are cached). A scope permitted
+/// after an `Asker` was read is permitted again to an equal one. Read it
+/// before asking: a change that arrives while the grants are read moves
+/// what is read after, not what was read before.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Asker {
+    role: pg_sys::Oid,
+    role_changes: u64,
+    grants_at: Option<u64>,
+}
+
+/// The [`Asker`] now; None while `pg_ticket.scope_rights` is off, when no
+/// decision is made (a yes then says nothing about a later one with the
+/// setting on).
 #[inline]
-pub fn permits(kind: RightKind, queue: Name<'_>, domain: Name<'_>) -> bool {
-    !settings::scope_rights() || allowed(crate::xact::current_user(), kind, queue.bytes(), domain.bytes())
+pub fn asker() -> Option<Asker> {
+    settings::scope_rights().then(|| Asker {
+        role: crate::xact::current_user(),
+        role_changes: ROLE_CHANGES.get(),
+        grants_at: state_tables::cached_generation(),
+    })
 }
 
 /// The decision for `role`, from the memo or its grants.

@@ -84,6 +84,10 @@ struct XactState {
     /// (its key holds its table's relation id): `take_again` serves it
     /// while the generation stays, without looking the tables up.
     served_at: Option<u64>,
+    /// Who was permitted the scope served last, with `pg_ticket.scope_rights`
+    /// on (None: off, or nothing served): `take_again` serves the same
+    /// asker without deciding again.
+    permitted: Option<crate::rights::Asker>,
 }
 
 static STATE: BackendRefCell<XactState> = BackendRefCell::new();
@@ -136,17 +140,20 @@ pub fn take(kind: Kind, a: Name<'_>, b: Name<'_>, n: i64) -> Result<i64, TicketE
 /// (`SET ROLE`), the state tables (the generation the scope was keyed at),
 /// the end of the transaction, the subtransaction's undo entry. Names
 /// outside the limits are declined first: the full path refuses them
-/// before it reads any state (22023, not a state table's 55000), and the
-/// rights memo keeps only names that can be allocated from.
+/// before it reads any state (22023, not a state table's 55000). With
+/// `pg_ticket.scope_rights` on, the right is not decided again but must
+/// have been given to the same asker (the same user, no role or grant
+/// changed since): a `SET ROLE` or a grant's change goes the full way.
 #[inline]
 pub fn take_again(kind: Kind, a: Name<'_>, b: Name<'_>, n: i64) -> Option<i64> {
-    if !within_limits(a) || !within_limits(b) || xact::read_only() || !crate::rights::permits(kind.right(), a, b) {
+    if !within_limits(a) || !within_limits(b) || xact::read_only() {
         return None;
     }
     let generation = state_tables::cached_generation()?;
+    let asker = crate::rights::asker();
     let subxact = xact::current_subtransaction();
     STATE.with(|s| {
-        if s.flushed || s.served_at != Some(generation) {
+        if s.flushed || s.served_at != Some(generation) || (asker.is_some() && s.permitted != asker) {
             return None;
         }
         s.marks.take_again(|key| is_key_of(key, kind, a, b), subxact, n)
@@ -213,6 +220,7 @@ fn update_row_unnamed(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> R
     // At every call, not only a scope's first in the transaction: a
     // SET ROLE or a SECURITY DEFINER function may change the user between
     // two (a memo lookup when on, one flag read when off).
+    let asker = crate::rights::asker();
     kind.check_right(a, b)?;
     let subxact = xact::current_subtransaction();
     let table = kind.table(&state_tables::current()).oid;
@@ -224,7 +232,8 @@ fn update_row_unnamed(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> R
         encode_key(&mut s.key_buf, kind, table, a, b);
         let served = s.marks.update(&s.key_buf, subxact, |row| Ok::<_, TicketError>(change.apply(kind.what(), row)?));
         if served.is_some() {
-            s.served_at = generation; // served last, under this key
+            // Served last, under this key, to this asker.
+            (s.served_at, s.permitted) = (generation, asker);
         }
         served
     });
@@ -256,8 +265,9 @@ fn update_row_unnamed(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> R
         encode_key(&mut s.key_buf, kind, table, a, b);
         s.marks.hold(&s.key_buf, subxact, stored, *current.as_ref().unwrap_or(&stored))?;
         // Served last, under a key of the tables of `generation` (any
-        // invalidation while the row was locked moved the generation on).
-        s.served_at = generation;
+        // invalidation while the row was locked moved the generation on),
+        // to this asker.
+        (s.served_at, s.permitted) = (generation, asker);
         Ok::<_, TicketError>(())
     })?;
     Ok(current?)

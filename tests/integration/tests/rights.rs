@@ -373,6 +373,18 @@ fn membership_set_role_and_bad_input() {
     plain.batch_execute("RESET ROLE").unwrap();
     refused(&mut plain, take, r#"role "rg_plain""#);
     plain.batch_execute("ROLLBACK").unwrap();
+    // A membership revoked, or a grant withdrawn, inside the transaction
+    // counts from the next call, also on the scope it served last. (A
+    // superuser's session opened after the setting was turned on.)
+    let mut superuser = as_role(db, "postgres");
+    for change in ["REVOKE rg_group FROM rg_heir", "SELECT pgticket.revoke_scope('rg_group', 'team', 'x')"] {
+        superuser.batch_execute("BEGIN; SET ROLE rg_heir").unwrap();
+        assert_eq!(value(&mut superuser, take), Ok(2));
+        assert_eq!(value(&mut superuser, take), Ok(3));
+        superuser.batch_execute(&format!("RESET ROLE; {change}; SET ROLE rg_heir")).unwrap();
+        refused(&mut superuser, take, r#"role "rg_heir""#);
+        superuser.batch_execute("ROLLBACK").unwrap();
+    }
     // A membership or attribute changed since reaches an open session.
     admin.batch_execute("REVOKE rg_group FROM rg_heir").unwrap();
     refused(&mut heir, take, r#"role "rg_heir""#);
