@@ -106,7 +106,8 @@ fn write_key(key: &mut Vec<u8>, kind: RightKind, queue: &[u8], domain: &[u8]) {
 static CACHE: BackendRefCell<Cache> = BackendRefCell::new();
 
 /// Moves at every change of a role or a membership (`ALTER ROLE ...
-/// SUPERUSER`, `NOINHERIT`, `GRANT`/`REVOKE` of a role), in this session or
+/// SUPERUSER`, `NOINHERIT`, `GRANT`/`REVOKE` of a role) or of a database
+/// (its owner is `pg_database_owner`'s one member), in this session or
 /// any other: who inherits whose grants, and who needs none, may have
 /// changed. The callbacks only count: they may not touch the catalogs.
 static ROLE_CHANGES: BackendLocal<u64> = BackendLocal::new(0);
@@ -187,6 +188,7 @@ fn allowed(role: pg_sys::Oid, kind: RightKind, queue: &[u8], domain: &[u8]) -> b
             unsafe {
                 pg_sys::CacheRegisterSyscacheCallback(pg_sys::SysCacheIdentifier::AUTHOID as i32, Some(on_role_change), pg_sys::Datum::from(0));
                 pg_sys::CacheRegisterSyscacheCallback(pg_sys::SysCacheIdentifier::AUTHMEMROLEMEM as i32, Some(on_role_change), pg_sys::Datum::from(0));
+                pg_sys::CacheRegisterSyscacheCallback(pg_sys::SysCacheIdentifier::DATABASEOID as i32, Some(on_role_change), pg_sys::Datum::from(0));
             }
         }
         // Read outside the borrow: an invalidation may arrive meanwhile.

@@ -232,7 +232,9 @@ fn update_row_unnamed(kind: Kind, a: Name<'_>, b: Name<'_>, change: Change) -> R
         encode_key(&mut s.key_buf, kind, table, a, b);
         let served = s.marks.update(&s.key_buf, subxact, |row| Ok::<_, TicketError>(change.apply(kind.what(), row)?));
         if served.is_some() {
-            // Served last, under this key, to this asker.
+            // Served last, under this key, to this asker; a refusal too:
+            // `update` made this key the last, and `take_again` must not
+            // serve it to an asker permitted another scope.
             (s.served_at, s.permitted) = (generation, asker);
         }
         served

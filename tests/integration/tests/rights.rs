@@ -352,6 +352,45 @@ fn off_lets_every_role_allocate_as_0_2_0_did_and_no_role_turns_it_off() {
 }
 
 #[test]
+fn the_scope_served_last_is_served_again_only_to_whom_it_was_permitted() {
+    let db = "rights_last";
+    let mut admin = setup(db, &["rg_last_b", "rg_last_a"], true);
+    admin
+        .batch_execute(
+            "SELECT pgticket.grant_scope('rg_last_b', 'qb', 'd'); SELECT pgticket.grant_scope('rg_last_a', 'qa', 'd');
+             GRANT EXECUTE ON FUNCTION pgticket.advance_scoped_id TO rg_last_b;",
+        )
+        .unwrap();
+    let mut su = as_role(db, "postgres");
+    su.batch_execute("BEGIN; SET ROLE rg_last_b").unwrap();
+    assert_eq!(value(&mut su, "SELECT next_scoped_id('qb', 'd')"), Ok(1));
+    assert_eq!(value(&mut su, "SELECT next_scoped_id('qb', 'd')"), Ok(2));
+    su.batch_execute("SET ROLE rg_last_a").unwrap();
+    assert_eq!(value(&mut su, "SELECT next_scoped_id('qa', 'd')"), Ok(1));
+    assert_eq!(value(&mut su, "SELECT next_scoped_id('qa', 'd')"), Ok(2));
+    // rg_last_b's refused change makes qb the scope touched last; rg_last_a, whose
+    // right to qa was the last decided, is still refused qb.
+    su.batch_execute("SET ROLE rg_last_b; SAVEPOINT s").unwrap();
+    let got = value(&mut su, "SELECT pgticket.advance_scoped_id('qb', 'd', 1)");
+    assert!(matches!(&got, Err((state, _)) if state == "22023"), "{got:?}");
+    su.batch_execute("ROLLBACK TO s; RELEASE s; SET ROLE rg_last_a").unwrap();
+    refused(&mut su, "SELECT next_scoped_id('qb', 'd')", r#"role "rg_last_a""#);
+    su.batch_execute("ROLLBACK").unwrap();
+}
+
+#[test]
+fn a_grant_to_the_database_owner_follows_the_owner_into_open_sessions() {
+    let db = "rights_dbo";
+    let mut admin = setup(db, &["rg_dbo"], true);
+    admin.batch_execute(&format!("ALTER DATABASE {db} OWNER TO rg_dbo; SELECT pgticket.grant_scope('pg_database_owner', 'dbo', 'd')")).unwrap();
+    let mut owner = as_role(db, "rg_dbo");
+    assert_eq!(value(&mut owner, "SELECT next_scoped_id('dbo', 'd')"), Ok(1));
+    admin.batch_execute(&format!("ALTER DATABASE {db} OWNER TO postgres")).unwrap();
+    refused(&mut owner, "SELECT next_scoped_id('dbo', 'd')", r#"role "rg_dbo""#);
+    assert!(!owner.query_one("SELECT pgticket.may_allocate('scoped_id', 'dbo', 'd')", &[]).unwrap().get::<_, bool>(0));
+}
+
+#[test]
 fn membership_set_role_and_bad_input() {
     let db = "rights_roles";
     let mut admin = setup(db, &["rg_group", "rg_heir", "rg_plain"], true);
