@@ -133,17 +133,16 @@ pub fn take(kind: Kind, a: Name<'_>, b: Name<'_>, n: i64) -> Result<i64, TicketE
 }
 
 /// `take` for a call on the scope this transaction served last, again (a
-/// bulk INSERT's run, a loop): about half the cost, no key written, no
-/// table looked up. None wherever `take` has more to do or something to
-/// refuse, and then nothing changed. What may have changed since the last
-/// call is checked again: a read-only transaction, the user's right
-/// (`SET ROLE`), the state tables (the generation the scope was keyed at),
-/// the end of the transaction, the subtransaction's undo entry. Names
-/// outside the limits are declined first: the full path refuses them
-/// before it reads any state (22023, not a state table's 55000). With
-/// `pg_ticket.scope_rights` on, the right is not decided again but must
-/// have been given to the same asker (the same user, no role or grant
-/// changed since): a `SET ROLE` or a grant's change goes the full way.
+/// bulk INSERT's run, a loop): no key written, no table looked up, no
+/// hash. None wherever `take` has more to do or something to refuse, and
+/// then nothing changed. What may have changed since the last call is
+/// checked again: a read-only transaction, the state tables (the
+/// generation the scope was keyed at), the end of the transaction, the
+/// subtransaction's undo entry, and with `pg_ticket.scope_rights` on the
+/// asker (the right is not decided again: the same user with no role or
+/// grant changed is permitted again; a `SET ROLE` goes the full way).
+/// Names outside the limits are declined first: the full path refuses
+/// them before it reads any state (22023, not a state table's 55000).
 #[inline]
 pub fn take_again(kind: Kind, a: Name<'_>, b: Name<'_>, n: i64) -> Option<i64> {
     if !within_limits(a) || !within_limits(b) || xact::read_only() {
