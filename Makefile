@@ -62,12 +62,13 @@ test-unit:
 test-pgrx: setup
 	scripts/pgrx-test.sh $(PG_VERSION)
 
-# The suite on a fresh database, then on ones upgraded from 0.1.0, 0.2.0 and 0.3.0.
+# The suite on a fresh database, then on ones upgraded from 0.1.0, 0.2.0, 0.3.0 and 0.4.0.
 test-regress:
 	scripts/regress.sh
 	UPGRADE_FROM=0.1.0 scripts/regress.sh
 	UPGRADE_FROM=0.2.0 scripts/regress.sh
 	UPGRADE_FROM=0.3.0 scripts/regress.sh
+	UPGRADE_FROM=0.4.0 scripts/regress.sh
 
 # Every ```sql block of README.md and docs/, run as written (scripts/docs-test.sh).
 test-docs:
@@ -119,7 +120,7 @@ bench: setup
 	$(MAKE) install PROFILE=release
 	cargo build --release -p ticket-client --example leased_ids
 	scripts/python-wheel.sh
-	/opt/pgt-py/bin/pip install -q --force-reinstall --no-deps target/wheels/pg_ticket-0.4.0-*.whl
+	/opt/pgt-py/bin/pip install -q --force-reinstall --no-deps target/wheels/pg_ticket-0.5.0-*.whl
 	scripts/bench.sh
 	python3 -m venv target/bench/venv && target/bench/venv/bin/pip install -q matplotlib
 	target/bench/venv/bin/python scripts/bench-publish.py target/bench/report.md --commit $$(git rev-parse --short HEAD)

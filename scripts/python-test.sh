@@ -9,7 +9,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 venv=/opt/pgt-py
 "$root/scripts/python-wheel.sh"
-wheel=$(ls "$root"/target/wheels/pg_ticket-0.4.0-*.whl)
+wheel=$(ls "$root"/target/wheels/pg_ticket-0.5.0-*.whl)
 "$venv/bin/pip" install -q --force-reinstall --no-deps "$wheel"
 cd "$root/tests/python"
 PG_TICKET_WHEEL=$wheel "$venv/bin/pytest" -q -p no:cacheprovider "$@"

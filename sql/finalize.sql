@@ -1,5 +1,5 @@
 -- Last in the install script, after every object: the privileges of the
--- admin functions, and (0.4.0, SPEC §18.3) a comment on every function,
+-- admin functions, and (0.4.0, SPEC s.18.3) a comment on every function,
 -- table and view of pg_ticket, so \dx+ and \df+ read well. The everyday allocators live in
 -- the schema the extension is created in; administration, monitoring, the
 -- registry, shard handover and rights live in pgticket. The same text is

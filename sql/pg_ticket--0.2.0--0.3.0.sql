@@ -4,7 +4,7 @@
 \echo Use "ALTER EXTENSION pg_ticket UPDATE" to load this file. \quit
 
 -- 0.3.0: a mark never moves back, and no row or table of marks is emptied
--- (SPEC §13.10): a value handed out must never be handed out again, and a
+-- (SPEC s.13.10): a value handed out must never be handed out again, and a
 -- cache (the tickets' shared memory, a client's block) may still hold
 -- values above a row that is gone. TRUNCATE and DELETE are refused, and on
 -- the tickets table an UPDATE that lowers a mark or renames its scope (the
@@ -48,7 +48,7 @@ ALTER TABLE pgticket.tickets ENABLE ALWAYS TRIGGER forward_only, ENABLE ALWAYS T
     ENABLE ALWAYS TRIGGER never_truncated;
 
 -- 0.3.0: every state table has a primary key, so a FOR ALL TABLES
--- publication does not refuse the registry's own writes (SPEC §13.10).
+-- publication does not refuse the registry's own writes (SPEC s.13.10).
 ALTER TABLE pgticket.lease_registry ADD PRIMARY KEY (system_identifier, timeline, database_oid, grants_from);
 
 -- 0.3.0: a prepared transaction can hold a gap-free scope's row for ever
@@ -69,7 +69,7 @@ COMMENT ON VIEW pgticket.prepared_holders IS
     'Prepared transactions holding a scoped counter or block name locked (end them with COMMIT PREPARED or ROLLBACK PREPARED)';
 REVOKE ALL ON pgticket.prepared_holders FROM PUBLIC;
 
--- 0.3.0: machine-id leases (SPEC §8 rules 7, 9). Each lease has a secret,
+-- 0.3.0: machine-id leases (SPEC s.8 rules 7, 9). Each lease has a secret,
 -- kept here only as its SHA-256, and the margin it was granted under (a
 -- margin lowered since does not shorten its holder's allowance). The
 -- registry's identity includes its server's start (any start may be a copy:
@@ -89,7 +89,7 @@ REVOKE ALL ON SEQUENCE pgticket.lease_registry_seen FROM PUBLIC;
 -- An updated registry's row is not its own (it has no start): it holds off
 -- once, from its first call, since 0.2.0 did not hold off at a restart.
 
--- 0.3.0: a registry's leases are never emptied or rewound (SPEC §13.10): a
+-- 0.3.0: a registry's leases are never emptied or rewound (SPEC s.13.10): a
 -- row gone or lowered would let an id be granted while its holder still
 -- stamps. A registry created, dropped and created again, or whose identity
 -- rows were removed holds off like a restored one (end_lease_hold_off()
@@ -182,7 +182,7 @@ COMMENT ON VIEW pgticket.machine_leases IS
 -- 0.3.0: the snowflake ID space (epoch, machine bits) is recorded with the
 -- database's state at its first snowflake or lease, so a dump restored onto
 -- a server set for another space refuses snowflake_id() and leases there
--- (SPEC §13.10). 0.2.0 recorded no space: the first use after the update
+-- (SPEC s.13.10). 0.2.0 recorded no space: the first use after the update
 -- records the server's (but see a registry's below).
 CREATE FUNCTION "snowflake_id_space"() RETURNS TABLE (
 	"epoch_ms" bigint,
@@ -352,7 +352,7 @@ CREATE FUNCTION "may_allocate"(
 STABLE PARALLEL RESTRICTED
 LANGUAGE c
 AS 'MODULE_PATHNAME', 'may_allocate_wrapper';
--- 0.3.0: rights per scope (SPEC §16), used while pg_ticket.scope_rights is
+-- 0.3.0: rights per scope (SPEC s.16), used while pg_ticket.scope_rights is
 -- on. A pattern's trailing * is a prefix ('*' alone: every name); a scope
 -- grant covers the queue's counters and tickets, a block grant block names
 -- (domain '*'). Grants name roles as regrole, so a dump carries them by
@@ -464,9 +464,9 @@ CREATE OR REPLACE VIEW pgticket.marks WITH (security_barrier) AS
               FROM pgticket.tickets) m
      WHERE may_allocate(m.kind, coalesce(m.queue, m.block_name), m.domain);
 
--- 0.3.0: string resource IDs (SPEC §15): the canonical decimal string of a
+-- 0.3.0: string resource IDs (SPEC s.15): the canonical decimal string of a
 -- positive counter value, as the triggers write into a text or varchar id
--- column — no sign, no leading zero, no blank, no scope prefix
+-- column -- no sign, no leading zero, no blank, no scope prefix
 -- ("demo-queue/42" is a URL, not an ID), at most 2^63-1.
 CREATE DOMAIN pgticket.resource_id AS text COLLATE "C"
     CONSTRAINT resource_id_canonical CHECK (
@@ -475,7 +475,7 @@ CREATE DOMAIN pgticket.resource_id AS text COLLATE "C"
 COMMENT ON DOMAIN pgticket.resource_id IS
     'A resource ID: the canonical decimal string of 1 .. 2^63-1 (no sign, no leading zero, no scope prefix)';
 
--- 0.3.0: sharded IDs (SPEC §15): ms << 22 | shard << 10 | sequence for the
+-- 0.3.0: sharded IDs (SPEC s.15): ms << 22 | shard << 10 | sequence for the
 -- shards this server owns (pg_ticket.shards), on the snowflake generator's
 -- clock and durable mark; a shard moves with sharded_release() on its old
 -- owner and sharded_accept() on its new one (administrators only).

@@ -50,7 +50,7 @@ CREATE TABLE pgticket.tickets (
 -- Machine-id leases (0.2.0): each machine id's latest lease (an id never
 -- leased has no row), the fencing tokens, and which server, timeline and
 -- database the registry has served as since when (a restore or promotion
--- shows as another identity: the registry then holds off, SPEC §8 rule 7).
+-- shows as another identity: the registry then holds off, SPEC s.8 rule 7).
 CREATE TABLE pgticket.machine_id_leases (
     machine_id integer PRIMARY KEY CHECK (machine_id BETWEEN 0 AND 1023),
     holder text NOT NULL,

@@ -6,7 +6,7 @@
 -- 0.4.0: a lease row of the server's own fixed machine id written from
 -- outside the registry's calls (a data-only restore, a replication apply,
 -- an INSERT by hand) reaches every session's cached check of its own id
--- (SPEC §17.4): the trigger sends a relcache invalidation of the table for
+-- (SPEC s.17.4): the trigger sends a relcache invalidation of the table for
 -- such a row only. ENABLE ALWAYS, so a replica-mode load fires it too.
 CREATE FUNCTION pgticket.machine_id_leases_changed() RETURNS trigger
     LANGUAGE c AS 'MODULE_PATHNAME', 'machine_id_leases_changed_wrapper';
@@ -18,7 +18,7 @@ ALTER TABLE pgticket.machine_id_leases ENABLE ALWAYS TRIGGER changed;
 -- 0.4.0: a row loaded into a mark table whose scope is already here (a
 -- pg_restore or COPY into a database that already allocated) raises the
 -- mark to the higher of the two instead of failing the whole load on the
--- primary key and keeping every lower mark (SPEC §17.3). pg_ticket's own
+-- primary key and keeping every lower mark (SPEC s.17.3). pg_ticket's own
 -- inserts pass untouched. ENABLE ALWAYS, so a replica-mode load meets it.
 CREATE FUNCTION pgticket.merge_loaded_row() RETURNS trigger
     LANGUAGE c AS 'MODULE_PATHNAME', 'merge_loaded_row_wrapper';
@@ -50,7 +50,7 @@ CREATE TRIGGER keeps_present BEFORE INSERT ON pgticket.rights
     FOR EACH ROW EXECUTE FUNCTION pgticket.merge_loaded_row();
 ALTER TABLE pgticket.rights ENABLE ALWAYS TRIGGER keeps_present;
 
--- 0.4.0 (SPEC §17.1): a server that lost its snowflake mark (pg_upgrade
+-- 0.4.0 (SPEC s.17.1): a server that lost its snowflake mark (pg_upgrade
 -- does not copy pg_ticket_snowflake.mark) refuses snowflakes and shards
 -- until the file is carried over or an administrator vouches with:
 CREATE FUNCTION pgticket."raise_snowflake_mark"(
@@ -63,7 +63,7 @@ COMMENT ON FUNCTION pgticket.raise_snowflake_mark(timestamptz) IS
     'Admin: vouch for a lost snowflake mark (pg_upgrade, a restore without pg_ticket_snowflake.mark): this server makes snowflakes and sharded IDs only after the time given';
 REVOKE EXECUTE ON FUNCTION pgticket.raise_snowflake_mark(timestamptz) FROM PUBLIC;
 
--- 0.4.0 (SPEC §18.3): the everyday allocators stay in the schema the
+-- 0.4.0 (SPEC s.18.3): the everyday allocators stay in the schema the
 -- extension was created in; administration, monitoring, the registry,
 -- shard handover and rights move to pgticket, some renamed for one
 -- vocabulary (CHANGELOG.md lists every rename). Their C symbols stay.
@@ -88,7 +88,7 @@ ALTER FUNCTION @extschema@.release_machine_id(integer, bigint, text, bigint) SET
 ALTER FUNCTION @extschema@.revoke_machine_lease(integer) RENAME TO revoke_machine_id;
 ALTER FUNCTION @extschema@.revoke_machine_id(integer) SET SCHEMA pgticket;
 ALTER FUNCTION @extschema@.end_lease_hold_off() SET SCHEMA pgticket;
--- §18.2: a new registry grants within a minute: pg_ticket.lease_max_ttl's
+-- s.18.2: a new registry grants within a minute: pg_ticket.lease_max_ttl's
 -- default is 45 s (it was 10 min), so a lease's default ttl is 30 s (it was
 -- 60 s, over the new longest), as ticket-client's and a self-leasing
 -- server's.
@@ -259,7 +259,7 @@ COMMENT ON SEQUENCE pgticket.lease_tokens IS
 COMMENT ON SEQUENCE pgticket.lease_registry_seen IS
     'When the registry first saw its state not its own (a restore, a copy): the start of its hold-off';
 
--- 0.4.0 (SPEC §18.4): number_rows() in C (no PL/pgSQL context on its
+-- 0.4.0 (SPEC s.18.4): number_rows() in C (no PL/pgSQL context on its
 -- refusals), with kind (was allocator), on_explicit and trigger_name.
 DROP FUNCTION @extschema@.number_rows(regclass, name, name, text, name, text);
 -- number_rows() creates the assign_scoped_id() / assign_ticket() trigger
@@ -280,7 +280,7 @@ CREATE FUNCTION number_rows(
 VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', 'number_rows';
 COMMENT ON FUNCTION number_rows(regclass, name, name, text, name, text, text, name) IS
     'Creates a BEFORE INSERT OR UPDATE trigger numbering relation''s id_column per scope (kind scoped_id or ticket), its arguments checked now; on_explicit refuse or advance says what a value given for the column does; returns the trigger''s name';
--- SPEC §18.4: a trigger numbering a column must also see an UPDATE that
+-- SPEC s.18.4: a trigger numbering a column must also see an UPDATE that
 -- sets the number (0.4.0's triggers refuse to run otherwise). 0.3.0's
 -- number_rows() made BEFORE INSERT triggers: each row trigger of
 -- assign_scoped_id() or assign_ticket() that fires BEFORE INSERT only, with

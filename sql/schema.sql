@@ -39,7 +39,7 @@ CREATE TABLE pgticket.tickets (
 -- Machine-id leases (0.2.0): each machine id's latest lease (an id never
 -- leased has no row), the fencing tokens, and which server, timeline and
 -- database the registry has served as since when (a restore or promotion
--- shows as another identity: the registry then holds off, SPEC §8 rule 7).
+-- shows as another identity: the registry then holds off, SPEC s.8 rule 7).
 CREATE TABLE pgticket.machine_id_leases (
     machine_id integer PRIMARY KEY CHECK (machine_id BETWEEN 0 AND 65535),
     holder text NOT NULL,
@@ -93,7 +93,7 @@ GRANT USAGE ON SCHEMA pgticket TO PUBLIC;
 GRANT SELECT ON pgticket.marks TO PUBLIC;
 
 -- 0.3.0: a mark never moves back, and no row or table of marks is emptied
--- (SPEC §13.10): a value handed out must never be handed out again, and a
+-- (SPEC s.13.10): a value handed out must never be handed out again, and a
 -- cache (the tickets' shared memory, a client's block) may still hold
 -- values above a row that is gone. TRUNCATE and DELETE are refused, and on
 -- the tickets table an UPDATE that lowers a mark or renames its scope (the
@@ -139,7 +139,7 @@ ALTER TABLE pgticket.tickets ENABLE ALWAYS TRIGGER forward_only, ENABLE ALWAYS T
 -- 0.4.0: a row loaded into a mark table whose scope is already here (a
 -- pg_restore or COPY into a database that already allocated) raises the
 -- mark to the higher of the two instead of failing the whole load on the
--- primary key and keeping every lower mark (SPEC §17.3). pg_ticket's own
+-- primary key and keeping every lower mark (SPEC s.17.3). pg_ticket's own
 -- inserts pass untouched. ENABLE ALWAYS, so a replica-mode load meets it.
 CREATE FUNCTION pgticket.merge_loaded_row() RETURNS trigger
     LANGUAGE c AS 'MODULE_PATHNAME', 'merge_loaded_row_wrapper';
@@ -166,7 +166,7 @@ CREATE TRIGGER keeps_present BEFORE INSERT ON pgticket.lease_registry
 ALTER TABLE pgticket.lease_registry ENABLE ALWAYS TRIGGER keeps_present;
 
 -- 0.3.0: every state table has a primary key, so a FOR ALL TABLES
--- publication does not refuse the registry's own writes (SPEC §13.10).
+-- publication does not refuse the registry's own writes (SPEC s.13.10).
 ALTER TABLE pgticket.lease_registry ADD PRIMARY KEY (system_identifier, timeline, database_oid, grants_from);
 
 -- 0.3.0: a prepared transaction can hold a gap-free scope's row for ever
@@ -187,7 +187,7 @@ COMMENT ON VIEW pgticket.prepared_holders IS
     'Prepared transactions holding a scoped counter or block name locked (end them with COMMIT PREPARED or ROLLBACK PREPARED)';
 REVOKE ALL ON pgticket.prepared_holders FROM PUBLIC;
 
--- 0.3.0: machine-id leases (SPEC §8 rules 7, 9). Each lease has a secret,
+-- 0.3.0: machine-id leases (SPEC s.8 rules 7, 9). Each lease has a secret,
 -- kept here only as its SHA-256, and the margin it was granted under (a
 -- margin lowered since does not shorten its holder's allowance). The
 -- registry's identity includes its server's start (any start may be a copy:
@@ -203,7 +203,7 @@ REVOKE ALL ON SEQUENCE pgticket.lease_registry_seen FROM PUBLIC;
 -- A new registry's identity row names no start: it holds off from its first
 -- call, since a registry of this name may have lived here before.
 
--- 0.3.0: a registry's leases are never emptied or rewound (SPEC §13.10): a
+-- 0.3.0: a registry's leases are never emptied or rewound (SPEC s.13.10): a
 -- row gone or lowered would let an id be granted while its holder still
 -- stamps. A registry created, dropped and created again, or whose identity
 -- rows were removed holds off like a restored one (end_lease_hold_off()
@@ -234,7 +234,7 @@ ALTER TABLE pgticket.machine_id_leases ENABLE ALWAYS TRIGGER forward_only, ENABL
 -- 0.4.0: a lease row of the server's own fixed machine id written from
 -- outside the registry's calls (a data-only restore, a replication apply,
 -- an INSERT by hand) reaches every session's cached check of its own id
--- (SPEC §17.4): the trigger sends a relcache invalidation of the table for
+-- (SPEC s.17.4): the trigger sends a relcache invalidation of the table for
 -- such a row only. ENABLE ALWAYS, so a replica-mode load fires it too.
 CREATE FUNCTION pgticket.machine_id_leases_changed() RETURNS trigger
     LANGUAGE c AS 'MODULE_PATHNAME', 'machine_id_leases_changed_wrapper';
@@ -274,9 +274,9 @@ VOLATILE LANGUAGE c AS 'MODULE_PATHNAME', 'number_rows';
 COMMENT ON FUNCTION number_rows(regclass, name, name, text, name, text, text, name) IS
     'Creates a BEFORE INSERT OR UPDATE trigger numbering relation''s id_column per scope (kind scoped_id or ticket), its arguments checked now; on_explicit refuse or advance says what a value given for the column does; returns the trigger''s name';
 
--- 0.3.0: string resource IDs (SPEC §15): the canonical decimal string of a
+-- 0.3.0: string resource IDs (SPEC s.15): the canonical decimal string of a
 -- positive counter value, as the triggers write into a text or varchar id
--- column — no sign, no leading zero, no blank, no scope prefix
+-- column -- no sign, no leading zero, no blank, no scope prefix
 -- ("demo-queue/42" is a URL, not an ID), at most 2^63-1.
 CREATE DOMAIN pgticket.resource_id AS text COLLATE "C"
     CONSTRAINT resource_id_canonical CHECK (

@@ -76,6 +76,11 @@ pub enum TicketError {
     Sharded(ticket_core::sharded::ShardError),
     #[error("permission denied for {scope}: no grant covers it for role {role}")]
     NoScopeRight { scope: String, role: String },
+    /// SPEC §20 (#46 item 2): a number given to a trigger made with
+    /// `on_explicit => 'advance'` moves the series, as the admin function
+    /// does, and takes what it takes.
+    #[error("permission denied to move {scope} forward: a number given to {function}() with on_explicit => 'advance' moves the series as {admin}() does, and role {role} may not execute {admin}()")]
+    NoAdvanceRight { scope: String, role: String, function: &'static str, admin: &'static str },
     #[error("{}", match .cause {
         MarkLost::Upgraded => "this data directory was made by pg_upgrade, and the snowflake mark (pg_ticket_snowflake.mark) was not carried over: this server cannot know how far its old self stamped, so it makes no snowflake or sharded ID, in any database, until the mark is carried over or vouched for",
         MarkLost::Missing => "this server has no snowflake mark (pg_ticket_snowflake.mark), but this database records that IDs were made in its snowflake ID space (pgticket.id_space: by a server's snowflake_id(), or by the holders of this registry's leases): if this server made snowflakes before, its mark was not carried over (a restored data directory, a file removed), and IDs below the lost one could be made again",
@@ -107,7 +112,7 @@ impl TicketError {
             TicketError::Counter(CounterError::Overflow { .. }) => ERRCODE_SEQUENCE_GENERATOR_LIMIT_EXCEEDED,
             TicketError::Counter(CounterError::AtOrBelowMark { .. }) => ERRCODE_UNIQUE_VIOLATION,
             TicketError::Counter(_) | TicketError::InfiniteTime | TicketError::InvalidArgument(_) => ERRCODE_INVALID_PARAMETER_VALUE,
-            TicketError::NoScopeRight { .. } => ERRCODE_INSUFFICIENT_PRIVILEGE,
+            TicketError::NoScopeRight { .. } | TicketError::NoAdvanceRight { .. } => ERRCODE_INSUFFICIENT_PRIVILEGE,
             TicketError::Sharded(
                 ShardError::OutOfRange(_) | ShardError::NegativeId(_) | ShardError::BadList(_),
             ) => ERRCODE_INVALID_PARAMETER_VALUE,
@@ -196,6 +201,9 @@ impl TicketError {
             TicketError::ValueDoesNotFit { .. } => Some("pgticket.set_scoped_id_limit() keeps a series within a column's range."),
             TicketError::MovedNumber { .. } => Some(
                 "Set the number column to NULL in the same UPDATE: the row then takes the next number of its new scope. To keep given numbers, make the trigger with number_rows(..., on_explicit => 'advance').",
+            ),
+            TicketError::NoAdvanceRight { .. } => Some(
+                "An administrator grants the role the advance (GRANT EXECUTE ON FUNCTION pgticket.advance_scoped_id(text, text, bigint), or pgticket.advance_ticket(text, text, bigint) for tickets, TO role), or leaves the column out so the trigger numbers the row (docs/reference.md, number_rows).",
             ),
             TicketError::ExplicitNumber { .. } => Some(
                 "Leave the column out (or NULL) and the trigger numbers the row. To give numbers yourself (an import), make the trigger with number_rows(..., on_explicit => 'advance'): a given number moves the series above it, and one at or below its mark is refused.",

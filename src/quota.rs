@@ -310,6 +310,12 @@ pub struct Asker {
     pub pending: i64,
 }
 
+/// The asker this session is: its role, cap and uncounted scopes.
+pub fn this_session() -> Asker {
+    let role = creator();
+    Asker { role, cap: session_cap(), pending: pending_for(role) }
+}
+
 /// The ticket worker, in its own transaction: room for one more scope of
 /// the asker? Returns how many rows it has (for `count_now`).
 pub fn check_room_for(asker: Asker) -> Result<i64, TicketError> {

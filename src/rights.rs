@@ -318,7 +318,7 @@ fn rights_changed<'a>(trigger: &'a pgrx::PgTrigger<'a>) -> Result<Option<PgHeapT
 
 extension_sql!(
     r#"
--- 0.3.0: rights per scope (SPEC §16), used while pg_ticket.scope_rights is
+-- 0.3.0: rights per scope (SPEC s.16), used while pg_ticket.scope_rights is
 -- on. A pattern's trailing * is a prefix ('*' alone: every name); a scope
 -- grant covers the queue's counters and tickets, a block grant block names
 -- (domain '*'). Grants name roles as regrole, so a dump carries them by
@@ -338,7 +338,7 @@ CREATE TRIGGER changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgticket.
     FOR EACH STATEMENT EXECUTE FUNCTION pgticket.rights_changed();
 ALTER TABLE pgticket.rights ENABLE ALWAYS TRIGGER changed;
 -- 0.4.0: a loaded grant that is there already is skipped (a dump restored
--- into the database it came from, SPEC §17.3).
+-- into the database it came from, SPEC s.17.3).
 CREATE TRIGGER keeps_present BEFORE INSERT ON pgticket.rights
     FOR EACH ROW EXECUTE FUNCTION pgticket.merge_loaded_row();
 ALTER TABLE pgticket.rights ENABLE ALWAYS TRIGGER keeps_present;

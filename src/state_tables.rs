@@ -328,6 +328,15 @@ pub fn as_owner_of<R>(table: Table, f: impl FnOnce() -> R) -> R {
 /// every setting changed meanwhile: otherwise the owner's trigger could
 /// leave a `search_path` (or any setting) behind in the caller's session,
 /// and whatever the caller runs next would run under it.
+///
+/// The one path for every statement run with another role's rights (SPEC
+/// §20.1): `search_path` is `pg_catalog, pg_temp` while it lasts, as
+/// PostgreSQL 17's `RestrictSearchPath()` pins it for maintenance
+/// commands. A name the statements leave unqualified (a type in a cast,
+/// a function) would otherwise resolve through the caller's path — in
+/// `pg_temp` first for types and relations, or in a schema the caller
+/// owns — and what it names would run with the owner's rights. The
+/// statements qualify their names as well; this holds for any they miss.
 struct AsUser {
     saved_user: pg_sys::Oid,
     saved_context: i32,
@@ -344,6 +353,18 @@ impl AsUser {
             pg_sys::SetUserIdAndSecContext(
                 user,
                 saved_context | pg_sys::SECURITY_LOCAL_USERID_CHANGE as i32 | pg_sys::SECURITY_RESTRICTED_OPERATION as i32,
+            );
+            // Saved at this nest level, so the drop's AtEOXact_GUC (or
+            // the transaction's abort) puts the caller's path back.
+            pg_sys::set_config_option(
+                c"search_path".as_ptr(),
+                c"pg_catalog, pg_temp".as_ptr(),
+                pg_sys::GucContext::PGC_USERSET,
+                pg_sys::GucSource::PGC_S_SESSION,
+                pg_sys::GucAction::GUC_ACTION_SAVE,
+                true,
+                0,
+                false,
             );
         }
         OWN_STATEMENTS.set(OWN_STATEMENTS.get() + 1);

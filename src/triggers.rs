@@ -352,11 +352,47 @@ impl IdType {
 trait Allocator {
     fn next(&self, queue: Name<'_>, domain: Name<'_>) -> i64;
     fn claim(&self, queue: Name<'_>, domain: Name<'_>, value: i64);
+    /// The admin function a claim stands for, and what the scope is called.
+    fn advance(&self) -> (&'static str, &'static str);
+}
+
+/// A claim moves a series forward as the admin function does: refused
+/// (42501) unless the current user may execute that function (SPEC §20,
+/// #46 item 2; 0.4.0 let any role's trigger on its own table move any
+/// other role's series, to 2^63-1 for good). Looked up among the
+/// extension's own functions by name, so a database whose objects are
+/// not yet updated (the functions outside `pgticket`) is served too.
+fn require_advance_right(allocator: &dyn Allocator, function: &'static str, queue: Name<'_>, domain: Name<'_>) {
+    let (admin, what) = allocator.advance();
+    let allowed = Spi::get_one_with_args::<bool>(
+        "SELECT pg_catalog.bool_or(pg_catalog.has_function_privilege(p.oid, 'EXECUTE')) \
+           FROM pg_catalog.pg_proc p \
+           JOIN pg_catalog.pg_depend d ON d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_proc'::pg_catalog.regclass \
+                AND d.objid OPERATOR(pg_catalog.=) p.oid AND d.deptype OPERATOR(pg_catalog.=) 'e' \
+           JOIN pg_catalog.pg_extension e ON e.oid OPERATOR(pg_catalog.=) d.refobjid AND e.extname OPERATOR(pg_catalog.=) 'pg_ticket' \
+          WHERE p.proname OPERATOR(pg_catalog.=) $1 AND p.pronargs OPERATOR(pg_catalog.=) 3::pg_catalog.int2",
+        &[admin.into()],
+    )
+    .unwrap_or_else(|e| pgrx::error!("pg_ticket: {function}(): cannot look up pgticket.{admin}(): {e}"))
+    .unwrap_or(false);
+    if !allowed {
+        TicketError::NoAdvanceRight {
+            scope: crate::names::label(what, queue, Some(domain)),
+            role: crate::quota::role_name(crate::xact::current_user()),
+            function,
+            admin: if admin == "advance_ticket" { "pgticket.advance_ticket" } else { "pgticket.advance_scoped_id" },
+        }
+        .raise();
+    }
 }
 
 struct ScopedIds;
 
 impl Allocator for ScopedIds {
+    fn advance(&self) -> (&'static str, &'static str) {
+        ("advance_scoped_id", "scope")
+    }
+
     fn next(&self, queue: Name<'_>, domain: Name<'_>) -> i64 {
         counters::take(Kind::Scope, queue, domain, 1).or_raise()
     }
@@ -369,6 +405,10 @@ impl Allocator for ScopedIds {
 struct Tickets;
 
 impl Allocator for Tickets {
+    fn advance(&self) -> (&'static str, &'static str) {
+        ("advance_ticket", "ticket scope")
+    }
+
     fn next(&self, queue: Name<'_>, domain: Name<'_>) -> i64 {
         crate::tickets::next(queue, domain)
     }
@@ -492,6 +532,7 @@ fn assign<'a>(
                 OnExplicit::Refuse => TicketError::ExplicitNumber { column: for_message(args.id_column.to_bytes()), table, function }.raise(),
                 OnExplicit::Advance => {
                     let number = given_number(values[id_n as usize - 1], id_type, &args.id_column, &table);
+                    require_advance_right(allocator, function, queue, domain);
                     allocator.claim(queue, domain, number);
                     return as_it_is();
                 }
@@ -566,11 +607,11 @@ struct ColumnFacts {
 fn column_facts(client: &pgrx::spi::SpiClient<'_>, relation: pg_sys::Oid, column: &str) -> ColumnFacts {
     let row = client
         .select(
-            "SELECT a.attgenerated <> '', a.attidentity <> '' OR a.atthasdef, a.atttypid,
+            "SELECT a.attgenerated OPERATOR(pg_catalog.<>) '', a.attidentity OPERATOR(pg_catalog.<>) '' OR a.atthasdef, a.atttypid,
                     pg_catalog.format_type(a.atttypid, a.atttypmod),
-                    a.attcollation <> 0 AND NOT coalesce((SELECT c.collisdeterministic FROM pg_catalog.pg_collation c WHERE c.oid = a.attcollation), true)
+                    a.attcollation OPERATOR(pg_catalog.<>) 0::pg_catalog.oid AND NOT coalesce((SELECT c.collisdeterministic FROM pg_catalog.pg_collation c WHERE c.oid OPERATOR(pg_catalog.=) a.attcollation), true)
                FROM pg_catalog.pg_attribute a
-              WHERE a.attrelid = $1 AND a.attname = $2::pg_catalog.name AND a.attnum > 0 AND NOT a.attisdropped",
+              WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attname OPERATOR(pg_catalog.=) $2::pg_catalog.name AND a.attnum OPERATOR(pg_catalog.>) 0::pg_catalog.int2 AND NOT a.attisdropped",
             None,
             &[relation.into(), column.into()],
         )
@@ -602,8 +643,8 @@ fn column_facts(client: &pgrx::spi::SpiClient<'_>, relation: pg_sys::Oid, column
     loop {
         let domain = client
             .select(
-                "SELECT t.typtype = 'd', t.typbasetype, t.typdefaultbin IS NOT NULL, t.typnotnull, pg_catalog.format_type(t.oid, NULL)
-                   FROM pg_catalog.pg_type t WHERE t.oid = $1",
+                "SELECT t.typtype OPERATOR(pg_catalog.=) 'd', t.typbasetype, t.typdefaultbin IS NOT NULL, t.typnotnull, pg_catalog.format_type(t.oid, NULL)
+                   FROM pg_catalog.pg_type t WHERE t.oid OPERATOR(pg_catalog.=) $1",
                 None,
                 &[t.into()],
             )
@@ -737,8 +778,8 @@ pub unsafe extern "C-unwind" fn number_rows(fcinfo: pg_sys::FunctionCallInfo) ->
             }
             let own_schema: String = client
                 .select(
-                    "SELECT n.nspname::pg_catalog.text FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace
-                      WHERE e.extname = 'pg_ticket'",
+                    "SELECT n.nspname::pg_catalog.text FROM pg_catalog.pg_extension e JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+                      WHERE e.extname OPERATOR(pg_catalog.=) 'pg_ticket'",
                     None,
                     &[],
                 )

@@ -160,7 +160,7 @@ fn serving(client: &mut SpiClient<'_>, me: Identity) -> Result<Serving, SpiError
                     OR (t.last_value OPERATOR(pg_catalog.=) m.top AND NOT t.is_called) \
                     OR s.seqincrement OPERATOR(pg_catalog.<=) 0 \
                FROM pgticket.lease_tokens t, pg_catalog.pg_sequence s, \
-                    (SELECT coalesce(max(lease), 0) AS top FROM pgticket.machine_id_leases) m \
+                    (SELECT coalesce(pg_catalog.max(lease), 0::pg_catalog.int8) AS top FROM pgticket.machine_id_leases) m \
               WHERE s.seqrelid OPERATOR(pg_catalog.=) 'pgticket.lease_tokens'::pg_catalog.regclass",
             None,
             &[],
@@ -236,7 +236,7 @@ fn settle(client: &mut SpiClient<'_>, me: Identity, serving: &Serving) -> Result
 fn move_tokens_past_the_clock(client: &mut SpiClient<'_>) -> Result<(), SpiError> {
     client.update(
         "SELECT pg_catalog.setval('pgticket.lease_tokens'::pg_catalog.regclass, \
-                GREATEST(last_value, $1, (SELECT max(lease) FROM pgticket.machine_id_leases))) FROM pgticket.lease_tokens",
+                GREATEST(last_value, $1, (SELECT pg_catalog.max(lease) FROM pgticket.machine_id_leases))) FROM pgticket.lease_tokens",
         None,
         &[(now_unix_ms().saturating_mul(1000)).into()],
     )?;

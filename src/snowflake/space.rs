@@ -77,7 +77,7 @@ CREATE TRIGGER changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgticket.
     FOR EACH STATEMENT EXECUTE FUNCTION pgticket.id_space_changed();
 ALTER TABLE pgticket.id_space ENABLE ALWAYS TRIGGER changed;
 -- 0.4.0: a loaded row that is there already is skipped (a dump restored
--- into the database it came from, SPEC §17.3).
+-- into the database it came from, SPEC s.17.3).
 CREATE TRIGGER keeps_present BEFORE INSERT ON pgticket.id_space
     FOR EACH ROW EXECUTE FUNCTION pgticket.merge_loaded_row();
 ALTER TABLE pgticket.id_space ENABLE ALWAYS TRIGGER keeps_present;
@@ -251,7 +251,7 @@ fn rows_in_progress_too(table: pg_sys::Oid) -> Vec<(IdSpace, pg_sys::Transaction
 fn prepared_transactions(client: &pgrx::spi::SpiClient<'_>) -> Result<Vec<pg_sys::TransactionId>, pgrx::spi::Error> {
     client
         .select(
-            "SELECT transaction::text::bigint FROM pg_catalog.pg_prepared_xacts WHERE database OPERATOR(pg_catalog.=) pg_catalog.current_database()",
+            "SELECT transaction::pg_catalog.text::pg_catalog.int8 FROM pg_catalog.pg_prepared_xacts WHERE database OPERATOR(pg_catalog.=) pg_catalog.current_database()",
             None,
             &[],
         )?

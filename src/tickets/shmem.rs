@@ -196,10 +196,10 @@ impl SlotData {
     /// a gap. The caller bumps the generation.
     /// This session asks: a new row would be its role's (`crate::quota`).
     pub fn set_creator(&mut self) {
-        let role = crate::quota::creator();
-        self.creator = role.to_u32();
-        self.creator_cap = crate::quota::session_cap();
-        self.creator_pending = crate::quota::pending_for(role);
+        let asker = crate::quota::this_session();
+        self.creator = asker.role.to_u32();
+        self.creator_cap = asker.cap;
+        self.creator_pending = asker.pending;
     }
 
     pub fn reset(&mut self) {

@@ -1,9 +1,9 @@
-//! 0.1.0 → 0.2.0 → 0.3.0 → 0.4.0, and from 0.2.0 and from 0.3.0 (SPEC §11): a database whose
+//! 0.1.0 → 0.2.0 → 0.3.0 → 0.4.0 → 0.5.0, and from each release between (SPEC §11): a database whose
 //! extension was created at an older release keeps working on the current
 //! library before it is updated, keeps every mark (and live lease) through
 //! `ALTER EXTENSION pg_ticket UPDATE`, and ends with exactly the objects a
 //! fresh `CREATE EXTENSION` makes. (The pg_regress suite on upgraded
-//! databases is `UPGRADE_FROM=0.1.0|0.2.0|0.3.0 scripts/regress.sh`, run by
+//! databases is `UPGRADE_FROM=0.1.0|0.2.0|0.3.0|0.4.0 scripts/regress.sh`, run by
 //! `make test`.)
 
 use pg_ticket_integration::{shared_cluster, sqlstate};
@@ -224,6 +224,39 @@ fn an_upgrade_from_0_3_0_keeps_marks_tickets_and_live_leases_and_ends_as_a_fresh
     assert_same_objects(&mut old, &mut new);
 }
 
+#[test]
+fn an_upgrade_from_0_4_0_keeps_marks_tickets_and_live_leases_and_ends_as_a_fresh_install() {
+    let c = shared_cluster("upgrade", 55435, &[]);
+    let mut admin = c.connect();
+    admin.batch_execute("CREATE DATABASE upgraded_040").unwrap();
+    admin.batch_execute("CREATE DATABASE fresh_050").unwrap();
+    let mut old = c.connect_as("postgres", "upgraded_040");
+    old.batch_execute("CREATE EXTENSION pg_ticket VERSION '0.4.0'").unwrap();
+    assert_eq!(one(&mut old, "SELECT next_scoped_id('up4', 'd')"), 1);
+    assert_eq!(one(&mut old, "SELECT last_id FROM reserve_block('up4', 10)"), 10);
+    let ticket = one(&mut old, "SELECT next_ticket('up4', 'd')");
+    let flake = one(&mut old, "SELECT snowflake_id()");
+    old.batch_execute("SELECT pgticket.end_lease_hold_off()").unwrap();
+    let (id, token, secret): (i32, i64, String) = old
+        .query_one("SELECT machine_id, lease, secret FROM pgticket.lease_machine_id('upgrade-holder-4', '30 seconds')", &[])
+        .map(|r| (r.get(0), r.get(1), r.get(2)))
+        .unwrap();
+
+    old.batch_execute("ALTER EXTENSION pg_ticket UPDATE").unwrap();
+    assert_eq!(old.query_one("SELECT extversion FROM pg_extension WHERE extname = 'pg_ticket'", &[]).unwrap().get::<_, String>(0), current());
+    assert_eq!(one(&mut old, "SELECT next_scoped_id('up4', 'd')"), 2, "counting continues");
+    assert_eq!(one(&mut old, "SELECT first_id FROM reserve_block('up4', 5)"), 11);
+    assert!(one(&mut old, "SELECT next_ticket('up4', 'd')") > ticket);
+    assert!(one(&mut old, "SELECT snowflake_id()") > flake);
+    old.query_one("SELECT pgticket.renew_machine_id($1, $2, $3, '30 seconds')", &[&id, &token, &secret]).unwrap();
+    let state: String = old.query_one("SELECT state FROM pgticket.machine_ids WHERE machine_id = $1", &[&id]).unwrap().get(0);
+    assert_eq!(state, "held");
+
+    let mut new = c.connect_as("postgres", "fresh_050");
+    new.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
+    assert_same_objects(&mut old, &mut new);
+}
+
 /// #32 review (helper 5): 0.3.0's number_rows() made `BEFORE INSERT`
 /// triggers, which never see an UPDATE that sets the number — (s, 3) twice
 /// after `UPDATE ... SET no = 3` and two more inserts. The update to 0.4.0
@@ -306,4 +339,72 @@ fn every_object_says_what_it_is_and_only_the_allocators_live_outside_pgticket() 
         "snowflake_max_id", "snowflake_min_id",
     ];
     assert_eq!(outside, everyday, "the everyday allocators, and nothing else, live where the extension was created");
+}
+
+/// #46 item 13: 0.4.0's install and update scripts had UTF-8 in their
+/// comments ("—", "§") and no `encoding` in the control file, so
+/// PostgreSQL read them in the database's encoding: `CREATE EXTENSION`
+/// failed in EUC_JP, EUC_KR, EUC_CN, EUC_TW and MULE_INTERNAL databases,
+/// and so did `ALTER EXTENSION UPDATE` from 0.1.0 and 0.2.0. Now in every
+/// server encoding PostgreSQL allows: a fresh install, and every release's
+/// install updated to this one, each counting afterwards.
+#[test]
+fn the_extension_installs_and_updates_in_every_server_encoding() {
+    let c = shared_cluster("upgrade", 55435, &[]);
+    let mut admin = c.connect();
+    let encodings: Vec<String> = admin
+        .query(
+            "SELECT pg_encoding_to_char(e) FROM generate_series(0, 63) e
+              WHERE pg_encoding_to_char(e) <> '' AND pg_encoding_to_char(e) NOT IN
+                    ('SJIS', 'BIG5', 'GBK', 'UHC', 'GB18030', 'JOHAB', 'SHIFT_JIS_2004')",
+            &[],
+        )
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(encodings.len() >= 30, "the server encodings: {encodings:?}");
+    let mut failed = Vec::new();
+    for encoding in &encodings {
+        let db = format!("enc_{}", encoding.to_lowercase());
+        admin.batch_execute(&format!("DROP DATABASE IF EXISTS {db}")).unwrap();
+        admin
+            .batch_execute(&format!("CREATE DATABASE {db} TEMPLATE template0 ENCODING '{encoding}' LC_COLLATE 'C' LC_CTYPE 'C'"))
+            .unwrap();
+        for from in [None, Some("0.1.0"), Some("0.2.0"), Some("0.3.0"), Some("0.4.0")] {
+            let steps = match from {
+                None => "CREATE EXTENSION pg_ticket".to_string(),
+                Some(v) => format!("CREATE EXTENSION pg_ticket VERSION '{v}'; ALTER EXTENSION pg_ticket UPDATE"),
+            };
+            // psql with no conversion (SQL_ASCII): this client library
+            // speaks UTF-8 only, which MULE_INTERNAL has no conversion to.
+            let out = std::process::Command::new(pg_ticket_integration::pg_bindir().join("psql"))
+                .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", c.dir.to_str().unwrap(), "-p", &c.port.to_string(), "-U", "postgres", "-d", &db])
+                .args(["-c", "DROP EXTENSION IF EXISTS pg_ticket", "-c", &steps, "-c", "SELECT next_scoped_id('enc', 'd')"])
+                .env("PGCLIENTENCODING", "SQL_ASCII")
+                .output()
+                .unwrap();
+            if !out.status.success() {
+                failed.push(format!("{encoding} from {}: {}", from.unwrap_or("nothing"), String::from_utf8_lossy(&out.stderr).trim()));
+            }
+        }
+        admin.batch_execute(&format!("DROP DATABASE {db}")).unwrap();
+    }
+    assert!(failed.is_empty(), "failed: {failed:#?}");
+}
+
+/// Every script PostgreSQL reads for the extension is ASCII, so it reads
+/// the same in any database encoding (the control file names none).
+#[test]
+fn every_extension_script_is_ascii() {
+    let sql = pg_ticket_integration::repo_root().join("sql");
+    let mut offending = Vec::new();
+    for entry in std::fs::read_dir(&sql).unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read(&path).unwrap();
+        if let Some(at) = text.iter().position(|b| !b.is_ascii()) {
+            offending.push(format!("{}: byte {at}", path.display()));
+        }
+    }
+    assert!(offending.is_empty(), "not ASCII: {offending:?}");
 }

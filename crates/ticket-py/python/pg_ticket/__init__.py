@@ -42,7 +42,7 @@ __all__ = [
     "Forked",
 ]
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 
 def decode(id: int, machine_bits: int = 10, epoch: str = "2026-01-01") -> Tuple[datetime, int, int]:

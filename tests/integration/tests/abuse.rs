@@ -1,0 +1,91 @@
+//! One role against the others (SPEC §13.11, §20; issue #46 items 2, 3):
+//! what a plain login role reaches of another role's series through the
+//! helpers an application uses.
+
+use pg_ticket_integration::{shared_cluster, sqlstate, Cluster};
+use postgres::Client;
+
+fn cluster() -> &'static Cluster {
+    shared_cluster("abuse", 55702, &["pg_ticket.max_scopes_per_role = 2"])
+}
+
+/// A database where the role `tenant` (plain, login) and the role `shop`
+/// (whose invoice series the tenant must not touch) exist.
+fn db(c: &Cluster, name: &str) -> Client {
+    let mut admin = c.fresh_db(name);
+    admin
+        .batch_execute(
+            "DO $$ BEGIN
+                 IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'tenant') THEN CREATE ROLE tenant LOGIN; END IF;
+                 IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'importer') THEN CREATE ROLE importer LOGIN; END IF;
+             END $$",
+        )
+        .unwrap();
+    admin
+}
+
+fn one(client: &mut Client, sql: &str) -> i64 {
+    client.query_one(sql, &[]).unwrap().get(0)
+}
+
+/// #46 item 2: 0.4.0 let a plain role's trigger made with `on_explicit =>
+/// 'advance'` on its own TEMP table move any other role's series: one
+/// INSERT of 2^63-1 exhausted `shop-42`'s invoices for good (2200H from
+/// then on), a given ticket held the victim's ticket scope for as long as
+/// the transaction stayed open, and ticket scopes made that way ignored
+/// `pg_ticket.max_scopes_per_role`. Now a claim takes what
+/// `pgticket.advance_scoped_id` / `pgticket.advance_ticket` take (42501
+/// without it, nothing changed), and the scopes it makes count.
+#[test]
+fn a_number_given_to_a_trigger_moves_a_series_only_with_the_right_to_advance_it() {
+    let c = cluster();
+    let mut admin = db(c, "advance_right");
+    assert_eq!(one(&mut admin, "SELECT next_scoped_id('shop-42', 'invoice')"), 1);
+    let ticket = one(&mut admin, "SELECT next_ticket('shop-42', 'invoice')");
+
+    let mut tenant = c.connect_as("tenant", "advance_right");
+    tenant
+        .batch_execute(
+            "CREATE TEMP TABLE grab (shop text, no bigint);
+             SELECT number_rows('pg_temp.grab', 'no', 'shop', domain => 'invoice', on_explicit => 'advance');
+             CREATE TEMP TABLE grab_ticket (shop text, no bigint);
+             SELECT number_rows('pg_temp.grab_ticket', 'no', 'shop', domain => 'invoice', kind => 'ticket', on_explicit => 'advance');",
+        )
+        .unwrap();
+    let e = tenant.batch_execute("INSERT INTO grab VALUES ('shop-42', 9223372036854775807)").unwrap_err();
+    assert_eq!(sqlstate(&e), "42501", "{e:?}");
+    assert!(e.as_db_error().unwrap().message().contains("pgticket.advance_scoped_id"), "{e:?}");
+    let e = tenant.batch_execute("BEGIN; INSERT INTO grab_ticket VALUES ('shop-42', 1000000)").unwrap_err();
+    assert_eq!(sqlstate(&e), "42501", "{e:?}");
+    tenant.batch_execute("ROLLBACK").unwrap();
+    // Left open: nothing is held.
+    tenant.batch_execute("BEGIN; SELECT 1").unwrap();
+    // The shop's series go on as they were.
+    assert_eq!(one(&mut admin, "SELECT next_scoped_id('shop-42', 'invoice')"), 2);
+    assert!(one(&mut admin, "SELECT next_ticket('shop-42', 'invoice')") > ticket);
+    assert!(one(&mut admin, "SELECT next_ticket('shop-42', 'invoice')") < 1_000_000);
+    tenant.batch_execute("ROLLBACK").unwrap();
+    // Numbers the tenant leaves to the trigger are still its to take.
+    tenant.batch_execute("INSERT INTO grab (shop) VALUES ('tenant-1')").unwrap();
+
+    // With the right, the claim works as documented, and the scopes it
+    // makes count against the role's cap (2 here).
+    admin
+        .batch_execute(
+            "GRANT EXECUTE ON FUNCTION pgticket.advance_scoped_id(text, text, bigint), pgticket.advance_ticket(text, text, bigint) TO importer",
+        )
+        .unwrap();
+    let mut importer = c.connect_as("importer", "advance_right");
+    importer
+        .batch_execute(
+            "CREATE TEMP TABLE imp (shop text, no bigint);
+             SELECT number_rows('pg_temp.imp', 'no', 'shop', domain => 'invoice', kind => 'ticket', on_explicit => 'advance');
+             INSERT INTO imp VALUES ('imp-1', 500), ('imp-2', 600);",
+        )
+        .unwrap();
+    assert!(one(&mut admin, "SELECT next_ticket('imp-1', 'invoice')") > 500);
+    let e = importer.batch_execute("INSERT INTO imp SELECT 'many-' || g, 100 FROM generate_series(1, 5000) g").unwrap_err();
+    assert_eq!(sqlstate(&e), "53400", "{e:?}");
+    let made: i64 = one(&mut admin, "SELECT count(*) FROM pgticket.tickets WHERE queue LIKE 'many-%'");
+    assert_eq!(made, 0, "a refused INSERT makes no scope");
+}
