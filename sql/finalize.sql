@@ -80,6 +80,8 @@ COMMENT ON FUNCTION pgticket.status_rows() IS
     'The row of the pgticket.status view';
 COMMENT ON FUNCTION pgticket.reset_status() IS
     'Admin: sets the refusal and wait counters of pgticket.status to 0';
+COMMENT ON FUNCTION pgticket.marks_rows() IS
+    'The rows of the view pgticket.marks: the marks of the scopes, block names and ticket scopes the current user may use';
 COMMENT ON FUNCTION pgticket.ticket_cache_rows() IS
     'The rows of the pgticket.ticket_cache view';
 COMMENT ON FUNCTION pgticket.machine_id_source() IS

@@ -76,18 +76,18 @@ extension_sql_file!("../sql/finalize.sql", name = "finalize", finalize);
 #[pg_schema]
 mod pgticket {}
 
-/// Start-up, as pg_cron orders it: nothing during pg_upgrade (but mark a
-/// data directory it starts without a snowflake mark); settings;
+/// Start-up, as pg_cron orders it: nothing during pg_upgrade (but what its
+/// clusters must not lose, `snowflake::at_start`); settings;
 /// then, only while preloading, shared memory, hooks, the WAL resource
 /// manager and the workers.
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
     if unsafe { pgrx::pg_sys::IsBinaryUpgrade } {
-        // pg_upgrade: nothing runs, but a data directory it starts without
-        // a snowflake mark is marked as one that lost it (SPEC §17.1) — at
-        // preload, or when pg_upgrade LOADs the library to check for it
-        // (whether or not the new server preloads it yet).
-        snowflake::mark_an_upgrade_start();
+        // pg_upgrade: nothing runs, but its new cluster never inherits a
+        // mark it cannot prove and its old one is refused while held (SPEC
+        // §17.1, §20.4) — at preload, or when pg_upgrade LOADs the library
+        // to check for it (whether or not the new server preloads it yet).
+        snowflake::at_start();
         return;
     }
     let Some(preloaded) = settings::init() else { return };
@@ -96,7 +96,7 @@ pub extern "C-unwind" fn _PG_init() {
     snowflake::init_shared_memory();
     snowflake::register_wal();
     snowflake::refuse_another_id_space();
-    snowflake::mark_a_restored_start();
+    snowflake::at_start();
     if preloaded.self_leasing {
         snowflake::register_lease_worker();
     }

@@ -99,3 +99,30 @@ pub fn for_message(bytes: &[u8]) -> String {
         bytes.escape_ascii().to_string()
     }
 }
+
+/// A name handed back to SQL as `text`, its bytes unchanged (in the
+/// database's encoding): a view's column that a caller compares with the
+/// names it allocates from.
+pub struct Text(pub Vec<u8>);
+
+pgrx::impl_sql_translatable!(Text, "text");
+
+impl pgrx::IntoDatum for Text {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        let text = unsafe { pg_sys::cstring_to_text_with_len(self.0.as_ptr().cast(), self.0.len() as i32) };
+        Some(pg_sys::Datum::from(text))
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::TEXTOID
+    }
+}
+
+unsafe impl pgrx::callconv::BoxRet for Text {
+    unsafe fn box_into<'fcx>(self, fcinfo: &mut pgrx::callconv::FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
+        match pgrx::IntoDatum::into_datum(self) {
+            Some(datum) => unsafe { fcinfo.return_raw_datum(datum) },
+            None => fcinfo.return_null(),
+        }
+    }
+}

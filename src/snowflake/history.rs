@@ -35,7 +35,7 @@ use pgrx::prelude::*;
 use std::path::Path;
 use ticket_core::snowflake as layout;
 
-use super::{space, wal, SystemClock, GENERATOR, MARK_FILE};
+use super::{space, wal, SystemClock, GENERATOR};
 use crate::errors::{MarkLost, OrRaise, TicketError};
 use crate::settings;
 
@@ -65,8 +65,8 @@ pub fn init_shared_memory() {
 }
 
 /// At preload, in the postmaster, for a start that may be an old copy in a
-/// server's place (`wal::mark_a_restored_start`): snowflakes and sharded
-/// IDs are held until vouched for.
+/// server's place (`start`): snowflakes and sharded IDs are held until
+/// vouched for.
 pub fn hold_after_a_restored_start() -> Result<(), String> {
     if Path::new(RESTORE_MARKER).exists() {
         return Ok(());
@@ -95,15 +95,18 @@ fn held_after_a_restore() -> bool {
 /// stop every snowflake until then.
 const MAX_VOUCH_AHEAD_MS: i64 = 24 * 3600 * 1000;
 
-/// At a binary-upgrade start (`pg_upgrade`), in the postmaster or a
-/// backend: the data directory is the working directory.
-pub fn mark_an_upgrade_start() {
-    if !Path::new(MARK_FILE).exists() && !Path::new(UPGRADE_MARKER).exists() {
-        let text = "pg_upgrade started this data directory without pg_ticket_snowflake.mark: no snowflakes until it is copied over or vouched for (pgticket.raise_snowflake_mark)\n";
-        if let Err(e) = layout::write_atomically(Path::new(UPGRADE_MARKER), text) {
-            pgrx::error!("pg_ticket: a pg_upgrade start without a snowflake mark, and {e}");
-        }
+/// The markers of a hold on the snowflakes (a lost mark, a restored start).
+pub const HOLD_MARKERS: [&str; 2] = [UPGRADE_MARKER, RESTORE_MARKER];
+
+/// At a start of pg_upgrade's new cluster (`start`), its own mark set
+/// aside: no snowflake until the old server's mark is copied in or
+/// vouched for.
+pub fn mark_an_upgrade_start() -> Result<(), String> {
+    if Path::new(UPGRADE_MARKER).exists() {
+        return Ok(());
     }
+    let text = "pg_upgrade started this data directory: no snowflakes until the old server's pg_ticket_snowflake.mark is copied over or vouched for (pgticket.raise_snowflake_mark)\n";
+    layout::write_atomically(Path::new(UPGRADE_MARKER), text).map_err(|e| format!("a pg_upgrade start, and {e}"))
 }
 
 /// Refuses to stamp where this server lost its mark, or may have.
@@ -177,6 +180,10 @@ fn raise_snowflake_mark(after: Option<TimestampWithTimeZone>) -> TimestampWithTi
             }
         }
         RESTORE_HOLD.get().0.store(CLEAR, std::sync::atomic::Ordering::Release);
+        // A restored start's shard holds are applied now, not at the first
+        // shard call: nothing of the restore stays pending (pg_upgrade
+        // refuses an old server while its marker stands).
+        super::shards::load_book().or_raise();
         let mark_unix_ms = epoch + mark_ms as i64;
         pgrx::log!("pg_ticket: raise_snowflake_mark() raised the snowflake mark to {mark_unix_ms} Unix ms");
         crate::clock::timestamptz_or_error(mark_unix_ms)

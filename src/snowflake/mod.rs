@@ -12,6 +12,8 @@
 //!   and mark.
 //! - `history`: which servers' IDs the mark stands for; a database whose
 //!   IDs it does not cover is refused (`pg_upgrade`, restores: SPEC §17.1).
+//! - `start`: what a start is (new cluster of `pg_upgrade`, its old one, a
+//!   restored copy, an ordinary restart), decided once at preload (§20.4).
 //!
 //! Shared memory: one `SharedState` of atomics, no LWLock. Every wait
 //! checks for interrupts, so cancel, statement_timeout and terminate work:
@@ -36,8 +38,9 @@ mod space;
 mod wal;
 pub use lease::{register_worker as register_lease_worker, snapshot as lease_snapshot};
 pub use space::registry_space;
-pub use history::mark_an_upgrade_start;
-pub use wal::{mark_a_restored_start, register as register_wal};
+mod start;
+pub use start::at_start;
+pub use wal::register as register_wal;
 
 /// Relative to the data directory (every backend's working directory), so
 /// pg_basebackup copies it with the cluster. Written ahead, at most once per

@@ -45,6 +45,12 @@ fn server() -> Server<'static, SystemClock, wal::WalMarkStore, wal::WalShardBook
     }
 }
 
+/// The book read into memory, its holds applied (`raise_snowflake_mark`:
+/// a vouch leaves nothing of a restored start pending).
+pub fn load_book() -> Result<(), TicketError> {
+    server().load().map_err(TicketError::from)
+}
+
 /// The shard argument, checked, on a preloading server that may write.
 fn shard_arg(shard: Option<i32>, function: &'static str) -> u16 {
     if !settings::preloaded() {

@@ -153,32 +153,24 @@ pub struct WalShardBook;
 
 /// Present from a start that cannot prove the shard book is this server's
 /// latest until the book's accepted shards are held (its first load).
-const HOLD_MARKER: &str = "pg_ticket_shards.hold";
+pub const HOLD_MARKER: &str = "pg_ticket_shards.hold";
 
-/// At preload, in the postmaster (the data directory is the working
-/// directory): a start from a base backup (`backup_label`) or a
-/// point-in-time recovery (`recovery.signal`) may be an old copy started in
-/// the server's place, whose book says it owns shards that moved since and
+/// At preload, in the postmaster, for a start from a base backup or a
+/// point-in-time recovery (`start`): it may be an old copy started in the
+/// server's place, whose book says it owns shards that moved since and
 /// whose mark is older than what its old self stamped (SPEC §17.1). It
 /// holds both, as the registry holds off: its accepted shards until
 /// accepted again, every snowflake and sharded ID until vouched for
-/// (`history`). A standby (`standby.signal`) follows its primary's WAL,
-/// records of the mark and the shards included, and is not held. A crash
-/// restart, and a cold copy or a file system snapshot (no backup_label),
-/// look alike and are not held: the docs say so.
-pub fn mark_a_restored_start() {
-    let exists = |name: &str| Path::new(name).exists();
-    if (exists("backup_label") || exists("recovery.signal")) && !exists("standby.signal") {
-        let shards_held = || {
-            if exists(HOLD_MARKER) {
-                return Ok(());
-            }
-            ticket_core::snowflake::write_atomically(Path::new(HOLD_MARKER), "accepted shards are held until accepted again\n")
-        };
-        if let Err(e) = shards_held().and_then(|()| super::history::hold_after_a_restored_start()) {
-            pgrx::error!("pg_ticket: this start is from a base backup or a point-in-time recovery, and {e}");
-        }
+/// (`history`). A standby follows its primary's WAL, records of the mark
+/// and the shards included, and is not held. A crash restart, and a cold
+/// copy or a file system snapshot (no backup_label), look alike and are
+/// not held: the docs say so.
+pub fn hold_a_restored_start() -> Result<(), String> {
+    if Path::new(HOLD_MARKER).exists() {
+        return Ok(());
     }
+    ticket_core::snowflake::write_atomically(Path::new(HOLD_MARKER), "accepted shards are held until accepted again\n")
+        .map_err(|e| format!("this start is from a base backup or a point-in-time recovery, and {e}"))
 }
 
 pub fn book_file() -> BookFile<'static> {
@@ -187,16 +179,26 @@ pub fn book_file() -> BookFile<'static> {
 
 impl ShardBook for WalShardBook {
     /// At the first load after a start that could not prove the book is
-    /// the latest (`mark_a_restored_start`, at preload), every accepted
-    /// shard is held first (SPEC §17.1): after recovery, so that the
-    /// records it replayed are held too.
+    /// the latest (`start`, at preload), every accepted shard is held first
+    /// (SPEC §17.1): after recovery, so that the records it replayed are
+    /// held too. Each hold is a WAL record before the marker goes (SPEC
+    /// §20.3, #46 item 4): 0.4.0 rewrote the file alone, and a crash
+    /// before the next checkpoint (a PITR promoted with `pg_ctl promote`,
+    /// whose checkpoint is spread) replayed the old "accepted" records over
+    /// it, and the copy issued the shards beside their new owners. During
+    /// recovery nothing is loaded: the hold is applied once it ends.
     fn load(&self) -> Result<Vec<(u16, Standing)>, String> {
         let marker = Path::new(HOLD_MARKER);
         if marker.exists() {
-            let mut entries = book_file().read()?;
-            if ticket_core::sharded::hold_accepted(&mut entries) {
-                ticket_core::snowflake::write_atomically(Path::new(SHARD_BOOK_FILE), &ticket_core::sharded::format_book(&entries))?;
-                let held: Vec<String> = entries.iter().filter(|(_, s)| matches!(s, Standing::Held(_))).map(|(shard, _)| shard.to_string()).collect();
+            if unsafe { pg_sys::RecoveryInProgress() } {
+                return Err("this server started from a base backup or a point-in-time recovery and is still in recovery: its accepted shards are held once it ends".into());
+            }
+            let holds = ticket_core::sharded::holds(&book_file().read()?);
+            for &(shard, standing) in &holds {
+                self.record(shard, standing)?;
+            }
+            if !holds.is_empty() {
+                let held: Vec<String> = holds.iter().map(|(shard, _)| shard.to_string()).collect();
                 pgrx::log!(
                     "pg_ticket: this server started from a base backup or a point-in-time recovery: shards {} are held until accepted again (pgticket.accept_shard)",
                     held.join(", ")

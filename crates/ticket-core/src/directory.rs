@@ -15,8 +15,13 @@
 //!   flooding evicted the other roles of its database) — however many
 //!   join in. A
 //!   sweep looks at `WINDOW` slots at most before it settles for a slot
-//!   used lately, and gives up sparing after `SWEEP_MAX`, so no placement
-//!   costs more than that whatever the size of the cache.
+//!   used lately. A run of spared slots at the hand is passed, however
+//!   long (0.4.0 gave up after 256 slots and evicted a spared one, #46
+//!   item 12): the hand passes each slot once per turn and at most half
+//!   the slots are spared (each owner half its fair share), so placements
+//!   cost O(1) slots on average; only when every slot is spared (more
+//!   owners than the cache has `MIN_SPARED` slots for) does it take the
+//!   slot at hand.
 //! - The slots each owner holds, and each database, are counted in
 //!   open-addressing tables keyed by owner and by database (`DbCounts`).
 //!
@@ -177,8 +182,6 @@ impl DbCounts<'_> {
 pub const MIN_SPARED: usize = 16;
 /// Slots a sweep looks at before it settles for one used lately.
 pub const WINDOW: usize = 64;
-/// Slots a sweep looks at before it stops sparing anyone.
-pub const SWEEP_MAX: usize = 4 * WINDOW;
 
 /// What the sweep needs of a slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -201,12 +204,12 @@ pub struct SlotView {
 /// hand on, a slot not in use, else the first neither spared nor used since
 /// the hand last passed (`look` clears that bit as the hand passes: its
 /// second chance). After `WINDOW` slots it settles for the first one not
-/// spared; after `SWEEP_MAX` it takes the slot at hand (only when nearly
-/// every slot is spared: more databases than the cache has room to spare).
+/// spared; after a whole turn of the hand it takes the slot at hand (only
+/// when every slot is spared: more owners than the cache has room to spare).
 pub fn sweep(hand: &mut usize, slots: usize, db: u32, counts: &DbCounts<'_>, mut look: impl FnMut(usize) -> SlotView) -> usize {
     let mut fallback = None;
     let mut last = *hand;
-    for examined in 1..=slots.min(SWEEP_MAX) {
+    for examined in 1..=slots {
         let i = *hand;
         *hand = (*hand + 1) % slots;
         let view = look(i);
@@ -325,7 +328,48 @@ mod tests {
         let kept = views.iter().filter(|v| v.in_use && v.db == 1).count();
         assert!(kept >= slots / 2 / 2, "the victim kept {kept} of its 300 scopes");
         assert_eq!(kept as u32, counts.count(1));
-        assert!(worst <= SWEEP_MAX, "one placement examined {worst} slots");
+        assert!(worst <= slots / 2 + WINDOW, "one placement examined {worst} slots");
+    }
+
+    /// #46 item 12: a run of spared slots longer than the sweep's old bound
+    /// (256) at the hand: 0.4.0 gave up there and evicted the run's last
+    /// slot, a spared one. The victim holds exactly its spared share, all
+    /// in one run, and a flood of new scopes from another owner goes round
+    /// the cache many times: the victim keeps every slot, and placements
+    /// stay cheap on average.
+    #[test]
+    fn a_long_run_of_spared_slots_at_the_hand_is_passed_not_evicted() {
+        let slots = 1024;
+        let (mut table, mut active) = (vec![(0, 0); 64], 0);
+        let mut views = vec![SlotView { in_use: false, db: 0, referenced: false, idle: false }; slots];
+        let mut hand = 0;
+        let mut counts = DbCounts { table: &mut table, active: &mut active };
+        let mut place = |db: u32, views: &mut Vec<SlotView>, counts: &mut DbCounts<'_>| -> usize {
+            let mut examined = 0;
+            let i = sweep(&mut hand, slots, db, counts, |i| {
+                examined += 1;
+                let v = views[i];
+                views[i].referenced = false;
+                v
+            });
+            if views[i].in_use {
+                counts.take(views[i].db);
+            }
+            views[i] = SlotView { in_use: true, db, referenced: true, idle: false };
+            counts.add(db);
+            examined
+        };
+        let share = slots / 2 / 2;
+        for _ in 0..share {
+            place(1, &mut views, &mut counts);
+        }
+        let (mut total, mut rounds) = (0, 0);
+        for _ in 0..20 * slots {
+            total += place(2, &mut views, &mut counts);
+            rounds += 1;
+            assert_eq!(counts.count(1) as usize, share, "the victim lost a spared slot after {rounds} placements");
+        }
+        assert!(total / rounds <= 4, "{} slots examined per placement on average", total / rounds);
     }
 
     /// Many small databases do not dilute a victim's protection below

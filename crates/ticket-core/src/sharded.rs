@@ -140,16 +140,16 @@ impl Standing {
     }
 }
 
-/// Every accepted shard held (`Standing::Held`); true if any was.
-pub fn hold_accepted(entries: &mut [(u16, Standing)]) -> bool {
-    let mut held = false;
-    for (_, standing) in entries.iter_mut() {
-        if let Standing::Accepted(p) = *standing {
-            *standing = Standing::Held(p);
-            held = true;
-        }
-    }
-    held
+/// The standings that hold every accepted shard of a book (`Held` at its
+/// point), for a start that cannot prove the book is its latest.
+pub fn holds(entries: &[(u16, Standing)]) -> Vec<(u16, Standing)> {
+    entries
+        .iter()
+        .filter_map(|&(shard, standing)| match standing {
+            Standing::Accepted(p) => Some((shard, Standing::Held(p))),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The durable record of every shard's standing on this server: the
@@ -316,6 +316,12 @@ impl<C: Clock, M: MarkStore, B: ShardBook> Server<'_, C, M, B> {
             }
         }
         Ok(floor)
+    }
+
+    /// The book read into memory now, if it was not (a vouch applies a
+    /// restored start's holds at once: `WalShardBook::load`).
+    pub fn load(&self) -> Result<(), ShardError> {
+        self.ready().map(|_| ())
     }
 
     fn shard(&self, shard: u16) -> &ShardState {
@@ -585,10 +591,13 @@ mod tests {
         // A start that cannot prove its book is the latest holds what it
         // accepted (the caller rewrites the book; released shards stay).
         node.server().release(5, false).unwrap();
-        let mut entries = node.book.load().unwrap();
-        assert!(hold_accepted(&mut entries));
+        let held = holds(&node.book.load().unwrap());
+        assert!(matches!(held[..], [(2, Standing::Held(_))]), "only the accepted shard: {held:?}");
+        for (shard, standing) in held {
+            node.book.record(shard, standing).unwrap();
+        }
+        let entries = node.book.load().unwrap();
         assert!(matches!(entries[..], [(2, Standing::Held(_)), (5, Standing::Released(_))]));
-        *node.book.text.borrow_mut() = format_book(&entries);
         assert_eq!(parse_book(&node.book.text.borrow()).unwrap(), entries, "the book keeps it as text");
         let node = node.restarted();
         assert_eq!(node.server().next_id(2, true), Err(ShardError::Held(2)));
@@ -601,9 +610,9 @@ mod tests {
         assert!(matches!(node.book.load().unwrap()[..], [(2, Standing::Accepted(_)), (5, Standing::Released(_))]));
         // A held shard may also be released straight away, at a point above
         // what it issued.
-        let mut entries = node.book.load().unwrap();
-        hold_accepted(&mut entries);
-        *node.book.text.borrow_mut() = format_book(&entries);
+        for (shard, standing) in holds(&node.book.load().unwrap()) {
+            node.book.record(shard, standing).unwrap();
+        }
         let node = node.restarted();
         let point = node.server().release(2, false).unwrap();
         assert!(point >= *before.last().unwrap());

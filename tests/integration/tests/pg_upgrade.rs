@@ -69,6 +69,33 @@ fn upgrade(old: &Cluster, name: &str, port: u16, link: bool) -> Cluster {
 /// As `upgrade`; with `preload` false the new server preloads pg_ticket
 /// only after `pg_upgrade` (which then LOADs it to check it is there).
 fn upgrade_preloading(old: &Cluster, name: &str, port: u16, link: bool, preload: bool) -> Cluster {
+    let out = run_pg_upgrade(old, name, port, link, preload, false);
+    assert!(out.status.success(), "pg_upgrade (link: {link}) failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    finish_upgrade(name, port, preload)
+}
+
+/// The new cluster after `pg_upgrade`: its settings, started.
+fn finish_upgrade(name: &str, port: u16, preload: bool) -> Cluster {
+    let dir = std::path::PathBuf::from(format!("/tmp/pgt-{name}"));
+    let data = dir.join("data");
+    let append = |text: &str| {
+        let mut f = std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).unwrap();
+        std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
+    };
+    if !preload {
+        append("shared_preload_libraries = 'pg_ticket'\n");
+    }
+    append(&format!("{SHARDS}\n{MACHINE}\n{LONG_LEASES}\n"));
+    let new = Cluster::attach(&dir, port);
+    new.up(None);
+    new
+}
+
+/// A new cluster (initdb, the same settings) and `pg_upgrade` from `old`
+/// into it; its output. With `snowflake_first`, the new cluster made a
+/// snowflake before the upgrade (in a database dropped again, as
+/// pg_upgrade wants an empty cluster).
+fn run_pg_upgrade(old: &Cluster, name: &str, port: u16, link: bool, preload: bool, snowflake_first: bool) -> std::process::Output {
     let dir = std::path::PathBuf::from(format!("/tmp/pgt-{name}"));
     owned_dir(&dir);
     let data = dir.join("data");
@@ -84,6 +111,17 @@ fn upgrade_preloading(old: &Cluster, name: &str, port: u16, link: bool, preload:
         std::io::Write::write_all(&mut f, text.as_bytes()).unwrap();
     };
     append(&conf);
+    if snowflake_first {
+        let early = Cluster::attach(&dir, port);
+        early.up(None);
+        early.connect().batch_execute("CREATE DATABASE before_upgrade").unwrap();
+        let mut db = early.connect_as("postgres", "before_upgrade");
+        db.batch_execute("CREATE EXTENSION pg_ticket; SELECT snowflake_id()").unwrap();
+        drop(db);
+        early.connect().batch_execute("DROP DATABASE before_upgrade").unwrap();
+        early.stop();
+        assert!(data.join("pg_ticket_snowflake.mark").exists(), "the new cluster has a mark of its own");
+    }
     let bin = pg_bindir().to_str().unwrap();
     // pg_upgrade writes its logs and sockets in its working directory.
     let mut cmd = if is_root() { Command::new("runuser") } else { Command::new(pg_bindir().join("pg_upgrade")) };
@@ -97,14 +135,7 @@ fn upgrade_preloading(old: &Cluster, name: &str, port: u16, link: bool, preload:
         .args(if link { &["--link"][..] } else { &[] })
         .output()
         .unwrap();
-    assert!(out.status.success(), "pg_upgrade (link: {link}) failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    if !preload {
-        append("shared_preload_libraries = 'pg_ticket'\n");
-    }
-    append(&format!("{SHARDS}\n{MACHINE}\n{LONG_LEASES}\n"));
-    let new = Cluster::attach(&dir, port);
-    new.up(None);
-    new
+    out
 }
 
 fn is_root() -> bool {
@@ -291,4 +322,65 @@ fn a_first_use_left_prepared_is_an_earlier_use_for_a_server_that_lost_its_mark()
     db.query_one("SELECT pgticket.raise_snowflake_mark(now())", &[]).unwrap();
     db.query_one("SELECT snowflake_id()", &[]).expect("vouched for");
     c.stop();
+}
+
+/// #46 item 5: a new cluster that made one snowflake before `pg_upgrade`
+/// (its database dropped again) had a mark, so 0.4.0 wrote no upgrade
+/// marker and the upgraded server stamped from that mark, below the old
+/// server (whose clock ran 10 minutes ahead). Now pg_upgrade's new cluster
+/// sets its own mark aside and is held like any other until the old
+/// server's mark is copied in.
+#[test]
+fn a_new_cluster_that_made_a_snowflake_before_the_upgrade_is_held_all_the_same() {
+    let (old, issued) = old_server("upg-old-s", 55618);
+    let out = run_pg_upgrade(&old, "upg-new-s", 55620, false, true, true);
+    assert!(out.status.success(), "pg_upgrade failed: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    let new = finish_upgrade("upg-new-s", 55620, true);
+    assert!(new.data_dir().join("pg_ticket_snowflake.mark.before-pg_upgrade").exists(), "the new cluster's own mark is set aside");
+    let mut db = new.connect();
+    catalog_state_continues(&mut db, &issued);
+    mark_and_book_refused(&mut db);
+    drop(db);
+    new.stop();
+    old.stop();
+}
+
+/// #46 item 5: an old server held after a restored start (its holds are
+/// marker files beside the mark) upgraded by 0.4.0's documented steps,
+/// which copy the mark and the book only, stamped freely (47 896
+/// snowflakes and 41 395 shard IDs twice). Now pg_upgrade fails at its
+/// first start of the held old server, saying why; vouched for, it
+/// upgrades.
+#[test]
+fn a_held_old_server_is_not_upgraded_until_vouched_for() {
+    let origin = Cluster::start("upg-origin-h", 55622, &[SHARDS, MACHINE]);
+    let mut db = origin.connect();
+    db.query_one("SELECT pgticket.accept_shard(1, 0)", &[]).unwrap();
+    db.query_one("SELECT max(sharded_id(1)) FROM generate_series(1, 1000)", &[]).unwrap();
+    drop(db);
+    // A base backup of it, started in its place: held.
+    let copy_dir = std::path::PathBuf::from("/tmp/pgt-upg-old-h");
+    owned_dir(&copy_dir);
+    let data = copy_dir.join("data");
+    pg_tool("pg_basebackup", &["-D", data.to_str().unwrap(), "-c", "fast", "-X", "stream", "-h", origin.dir.to_str().unwrap(), "-p", &origin.port.to_string(), "-U", "postgres"]);
+    origin.stop();
+    let mut f = std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).unwrap();
+    std::io::Write::write_all(&mut f, format!("port = 55624\nunix_socket_directories = '{}'\n", copy_dir.display()).as_bytes()).unwrap();
+    let held = Cluster::attach(&copy_dir, 55624);
+    held.up(None);
+    let err = held.connect_when_ready().query_one("SELECT snowflake_id()", &[]).expect_err("a restored start is held");
+    assert_eq!(sqlstate(&err), "55000", "{err}");
+    held.stop();
+
+    let out = run_pg_upgrade(&held, "upg-new-h", 55626, false, true, false);
+    assert!(!out.status.success(), "pg_upgrade of a held old server must fail");
+    let logs = Command::new("grep").args(["-rl", "old cluster is held", "/tmp/pgt-upg-new-h", copy_dir.to_str().unwrap()]).output().unwrap();
+    assert!(!logs.stdout.is_empty(), "a log says why: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+
+    // Vouched for (the shard holds applied with it), it upgrades.
+    held.up(None);
+    held.connect_when_ready().query_one("SELECT pgticket.raise_snowflake_mark(now())", &[]).unwrap();
+    held.stop();
+    let new = upgrade(&held, "upg-new-h", 55626, false);
+    new.stop();
 }

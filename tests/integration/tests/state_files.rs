@@ -171,3 +171,107 @@ fn an_old_base_backup_started_in_a_servers_place_holds_its_accepted_shards() {
     copy.stop();
     b.stop();
 }
+
+/// The pids of the running server's processes whose title has `what`.
+fn server_processes(c: &Cluster, what: &str) -> Vec<String> {
+    let pid = std::fs::read_to_string(c.data_dir().join("postmaster.pid")).unwrap().lines().next().unwrap().trim().to_string();
+    let out = std::process::Command::new("pgrep").args(["-P", &pid, "-f", what]).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).split_whitespace().map(str::to_string).collect()
+}
+
+/// #46 item 4 (SPEC §20.3): a point-in-time recovery promoted with
+/// `pg_ctl promote` holds the shards its book had accepted, and 0.4.0
+/// applied that hold by rewriting the book alone. Promotion's checkpoint
+/// is spread; a crash before it replays the WAL since the last
+/// restartpoint, the "accepted" record of the shard included, over the
+/// file (24 956 and 150 446 shard IDs twice). Now the hold is a WAL record
+/// before the marker goes, and the shard stays held through the crash.
+/// The checkpointer is stopped (SIGSTOP) across the promotion, so the
+/// crash surely comes before its checkpoint.
+#[test]
+fn a_promoted_point_in_time_recovery_keeps_its_shard_hold_through_a_crash() {
+    let archive = std::path::PathBuf::from("/tmp/pgt-pitr-archive");
+    owned_dir(&archive);
+    let archiving = format!("archive_command = 'cp %p {}/%f'", archive.display());
+    let a = Cluster::start("pitr-a", 55607, &["pg_ticket.shards = '4'", "pg_ticket.machine_id = 3", "archive_mode = on", &archiving]);
+    let copy_dir = std::path::PathBuf::from("/tmp/pgt-pitr-copy");
+    owned_dir(&copy_dir);
+    let data = copy_dir.join("data");
+    let port = a.port.to_string();
+    pg_tool("pg_basebackup", &["-D", data.to_str().unwrap(), "-c", "fast", "-X", "none", "-h", a.dir.to_str().unwrap(), "-p", &port, "-U", "postgres"]);
+    // After the backup: the shard accepted and issued, in WAL only.
+    let mut on_a = a.connect();
+    on_a.query_one("SELECT pgticket.accept_shard(4, 0)", &[]).unwrap();
+    on_a.query_one("SELECT max(sharded_id(4)) FROM generate_series(1, 1000)", &[]).unwrap();
+    on_a.batch_execute("SELECT pg_create_restore_point('pitr'); SELECT pg_switch_wal(); CHECKPOINT").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while on_a.query_one("SELECT last_archived_wal IS NOT NULL AND failed_count = 0 AND archived_count >= 2 FROM pg_stat_archiver", &[]).unwrap().get::<_, bool>(0) == false {
+        assert!(Instant::now() < deadline, "WAL was not archived");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(on_a);
+    a.stop();
+
+    // The recovery, paused at the restore point, then promoted by hand.
+    let mut f = std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).unwrap();
+    std::io::Write::write_all(
+        &mut f,
+        format!(
+            "port = 55608\nunix_socket_directories = '{}'\narchive_mode = off\nrestore_command = 'cp {}/%f %p'\n\
+             recovery_target_name = 'pitr'\nrecovery_target_action = 'pause'\ncheckpoint_timeout = '1h'\n",
+            copy_dir.display(),
+            archive.display()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    std::fs::write(data.join("recovery.signal"), "").unwrap();
+    let _ = std::process::Command::new("chown").args(["postgres:", data.join("recovery.signal").to_str().unwrap()]).status();
+    let copy = Cluster::attach(&copy_dir, 55608);
+    copy.up(None);
+    let mut db = copy.connect_when_ready();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while db.query_one("SELECT pg_get_wal_replay_pause_state()", &[]).unwrap().get::<_, String>(0) != "paused" {
+        assert!(Instant::now() < deadline, "recovery did not reach its target");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(db);
+    let checkpointer = server_processes(&copy, "checkpointer");
+    assert_eq!(checkpointer.len(), 1, "one checkpointer: {checkpointer:?}");
+    let stop = |signal: &str| assert!(std::process::Command::new("kill").args([signal, &checkpointer[0]]).status().unwrap().success());
+    stop("-STOP");
+    copy.promote();
+    let mut db = copy.connect_when_ready();
+    // The operator vouches for the snowflakes (the documented first step);
+    // the shard stays held until accepted again.
+    db.query_one("SELECT pgticket.raise_snowflake_mark(now())", &[]).unwrap();
+    let err = db.query_one("SELECT sharded_id(4)", &[]).expect_err("a promoted recovery holds its accepted shards");
+    assert_eq!(sqlstate(&err), "55000", "{err}");
+    drop(db);
+    // The crash, before promotion's checkpoint: every process killed.
+    let pid = std::fs::read_to_string(copy.data_dir().join("postmaster.pid")).unwrap().lines().next().unwrap().trim().to_string();
+    let children = std::process::Command::new("pgrep").args(["-P", &pid]).output().unwrap();
+    let mut pids: Vec<String> = String::from_utf8_lossy(&children.stdout).split_whitespace().map(str::to_string).collect();
+    pids.push(pid);
+    assert!(std::process::Command::new("kill").arg("-KILL").args(&pids).status().unwrap().success());
+    wait_stopped_by_kill(&copy);
+    copy.up(None);
+    let err = copy.connect_when_ready().query_one("SELECT sharded_id(4)", &[]).expect_err("the hold outlives the crash");
+    assert_eq!(sqlstate(&err), "55000", "{err}");
+    assert!(err.as_db_error().unwrap().message().contains("shard 4 is held"), "{err}");
+    copy.stop();
+}
+
+/// After a SIGKILL of every process: the pid file names a dead postmaster.
+fn wait_stopped_by_kill(c: &Cluster) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let pid = std::fs::read_to_string(c.data_dir().join("postmaster.pid")).ok().and_then(|t| t.lines().next().map(|l| l.trim().to_string()));
+        let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
+        if !alive {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the killed server is still there");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
