@@ -27,3 +27,13 @@ CREATE OR REPLACE VIEW pgticket.marks AS
     SELECT m.kind, m.queue COLLATE "C" AS queue, m.domain COLLATE "C" AS domain,
            m.block_name COLLATE "C" AS block_name, m.mark, m.remaining, m.max_mark
       FROM pgticket.marks_rows() m;
+
+-- #46 item 7: a database whose extension was created at 0.2.0 recorded no
+-- snowflake ID space (0.3.0's update recorded one only where leases
+-- existed), so its dump was served at once by a server with the same
+-- machine id. Where none is recorded and the server has a snowflake mark,
+-- the mark's space is recorded now; the function is not kept.
+CREATE FUNCTION pgticket.record_space_of_the_mark() RETURNS boolean
+    LANGUAGE c AS 'MODULE_PATHNAME', 'record_space_of_the_mark_wrapper';
+SELECT pgticket.record_space_of_the_mark();
+DROP FUNCTION pgticket.record_space_of_the_mark();

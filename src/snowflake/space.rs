@@ -270,16 +270,28 @@ fn space_of(tuple: *mut pg_sys::HeapTupleData, desc: pg_sys::TupleDesc) -> Optio
 }
 
 /// The space a registry leases ids in: its database's recorded space
-/// (recorded now if none is), which a preloaded server must share. Not the
-/// settings alone: a restart with another epoch or layout, or a session SET
-/// on an unloaded server's placeholder, would lease ids into another space.
+/// (recorded now if none is), which the server must be set for, preloaded
+/// or not. Not the settings alone: a restart with another epoch or
+/// layout, or a session SET on an unloaded server's placeholder, would
+/// lease ids into another space; nor the recorded space alone (#46 item 9:
+/// 0.4.0's registry loading on demand went on granting in its old space
+/// after its configuration moved to another, where a preloaded one
+/// refuses).
 pub fn registry_space() -> Result<(i64, Layout), TicketError> {
     if settings::preloaded() {
         check_database()?;
     }
+    let mine = configured()?;
     let space = match recorded()? {
+        Some(space) if space != mine => {
+            return Err(TicketError::Snowflake(SnowflakeError::OtherIdSpace {
+                location: "this database (pgticket.id_space, carried by its dump)".into(),
+                recorded: space,
+                configured: mine,
+            }))
+        }
         Some(space) => space,
-        None => configured()?,
+        None => mine,
     };
     let layout = space.layout().ok_or_else(|| {
         TicketError::BadConfiguration(format!(
@@ -308,4 +320,38 @@ pub fn check_database() -> Result<(), TicketError> {
     }
     CHECKED.set(Some(generation));
     Ok(())
+}
+
+/// Run once by the update to 0.5.0 (#46 item 7): a database whose
+/// extension was created at 0.2.0 recorded no space, and 0.3.0's update
+/// recorded one only where leases existed, so a dump of a database that
+/// made snowflakes under 0.2.0 was served at once by a server with the
+/// same machine id. Where no space is recorded and this server has a mark
+/// (it made snowflakes, perhaps for this database), the mark's space is
+/// recorded now: a restore of the database is then held like any other.
+/// Conservative: a database of that server that never made one is held
+/// too, until vouched for. True if it recorded one.
+#[pg_extern(sql = false)]
+fn record_space_of_the_mark() -> bool {
+    crate::errors::postgres_errors_as_raised(|| {
+        let Some(table) = state_tables::lookup().and_then(|t| t.id_space) else { return false };
+        if !committed_spaces(table.oid).is_empty() {
+            return false;
+        }
+        let mine = configured().or_raise();
+        let store = ticket_core::snowflake::FileMarkStore { path: std::path::Path::new(super::MARK_FILE), space: mine };
+        let Some(space) = store.recorded_space().map_err(TicketError::from).or_raise() else { return false };
+        state_tables::as_owner_of(table, || {
+            Spi::connect_mut(|client| {
+                client.update(
+                    "INSERT INTO pgticket.id_space (epoch_ms, machine_bits, recorded_at) VALUES ($1, $2, pg_catalog.clock_timestamp()) ON CONFLICT DO NOTHING",
+                    None,
+                    &[space.epoch_unix_ms.into(), (space.machine_bits as i32).into()],
+                )
+                .map(|_| ())
+            })
+        })
+        .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot record the ID space: {e}"));
+        true
+    })
 }

@@ -698,6 +698,19 @@ pub struct FileMarkStore<'a> {
 }
 
 impl FileMarkStore<'_> {
+    /// The space the file's mark was made in (a mark of 0.2.0: its one
+    /// layout in `self.space`'s epoch); None if there is no file.
+    pub fn recorded_space(&self) -> Result<Option<IdSpace>, SnowflakeError> {
+        match std::fs::read_to_string(self.path) {
+            Ok(text) => match self.parse(&text) {
+                Ok((_, recorded)) => Ok(Some(recorded.unwrap_or(IdSpace::of_0_2_0(self.space.epoch_unix_ms)))),
+                Err(why) => Err(SnowflakeError::DamagedMark { location: self.location(), why: format!("it holds {text:?}: {why}") }),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(SnowflakeError::MarkStore(format!("cannot read {}: {e}", self.path.display()))),
+        }
+    }
+
     /// The mark and the space it records.
     fn parse(&self, text: &str) -> Result<(i64, Option<IdSpace>), String> {
         let line = text.strip_suffix('\n').ok_or_else(|| "it does not end in a newline (a truncated write?)".to_string())?;

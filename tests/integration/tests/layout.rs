@@ -177,8 +177,11 @@ fn first_leases_record_one_space_an_emptied_space_is_refused_and_recorded_leases
     assert_eq!(sqlstate(&err), "55000", "{err}");
     assert!(started.elapsed() < Duration::from_millis(900), "waited {:?}", started.elapsed());
     a.batch_execute("COMMIT").unwrap();
-    let bits_b: i32 = b.query_one("SELECT machine_bits FROM pgticket.lease_machine_id('B', '10 s')", &[]).unwrap().get(0);
-    assert_eq!(bits_b, 10, "the second first lease took the first's space");
+    // Once A committed, the database's space is A's, which this server is
+    // no longer set for: refused, as a preloaded registry refuses (#46
+    // item 9; 0.4.0 granted B in A's space).
+    let err = b.query_one("SELECT machine_bits FROM pgticket.lease_machine_id('B', '10 s')", &[]).expect_err("the recorded space is not the configured one");
+    assert_eq!(sqlstate(&err), "55000", "{err}");
     let spaces: i64 = a.query_one("SELECT count(*) FROM pgticket.id_space", &[]).unwrap().get(0);
     assert_eq!(spaces, 1);
 
@@ -293,5 +296,38 @@ fn a_database_of_another_recorded_space_is_read_in_its_own_space() {
     restored.execute("INSERT INTO pgticket.id_space (epoch_ms, machine_bits) VALUES ($1, 10)", &[&server_epoch]).unwrap();
     let err = restored.query_one(decode, &[&id]).unwrap_err();
     assert_eq!(sqlstate(&err), "55000", "{err}");
+    c.stop();
+}
+
+/// #46 item 9: a registry that loads pg_ticket on demand, restarted with
+/// another `pg_ticket.epoch` (or `machine_bits`) after its first grant,
+/// granted in its old space (0.4.0) where the docs promise 55000 and a
+/// preloaded registry refuses. Now it refuses too, naming both spaces;
+/// set back, it grants again.
+#[test]
+fn a_registry_loading_on_demand_refuses_to_grant_after_its_space_moved() {
+    let c = Cluster::start("layout-moved", 55535, &["shared_preload_libraries = ''", "pg_ticket.lease_ids = '1-3'"]);
+    let mut db = c.fresh_db("moved");
+    db.batch_execute("SELECT pgticket.end_lease_hold_off()").unwrap();
+    db.query_one("SELECT machine_id FROM pgticket.lease_machine_id('first', '10 s')", &[]).unwrap();
+    drop(db);
+    for (line, setting) in [("pg_ticket.epoch = '2025-06-01 00:00:00+00'\n", "epoch"), ("pg_ticket.machine_bits = 12\n", "machine bits")] {
+        c.stop();
+        let conf = c.data_dir().join("postgresql.conf");
+        let original = std::fs::read_to_string(&conf).unwrap();
+        std::fs::write(&conf, format!("{original}{line}")).unwrap();
+        c.up(None);
+        let mut db = c.connect_as("postgres", "moved");
+        db.batch_execute("SELECT pgticket.end_lease_hold_off()").unwrap();
+        let err = db.query_one("SELECT machine_id FROM pgticket.lease_machine_id('after', '10 s')", &[]).expect_err(setting);
+        assert_eq!(sqlstate(&err), "55000", "{setting}: {err}");
+        drop(db);
+        c.stop();
+        std::fs::write(&conf, original).unwrap();
+        c.up(None);
+    }
+    let mut db = c.connect_as("postgres", "moved");
+    db.batch_execute("SELECT pgticket.end_lease_hold_off()").unwrap();
+    db.query_one("SELECT machine_id FROM pgticket.lease_machine_id('back', '10 s')", &[]).expect("set back, it grants");
     c.stop();
 }

@@ -408,3 +408,27 @@ fn every_extension_script_is_ascii() {
     }
     assert!(offending.is_empty(), "not ASCII: {offending:?}");
 }
+
+/// #46 item 7: a database whose extension was created at 0.2.0 and made
+/// snowflakes recorded no ID space through its updates (0.3.0's recorded
+/// one only where leases existed), so its dump was served at once by a
+/// server with the same machine id (16 140 snowflakes twice). The update
+/// to 0.5.0 records the space of the server's mark there.
+#[test]
+fn a_database_that_made_snowflakes_at_0_2_0_records_its_space_at_the_update() {
+    let c = shared_cluster("upgrade", 55435, &[]);
+    let mut admin = c.connect();
+    admin.batch_execute("DROP DATABASE IF EXISTS flakes_020").unwrap();
+    admin.batch_execute("CREATE DATABASE flakes_020").unwrap();
+    let mut db = c.connect_as("postgres", "flakes_020");
+    db.batch_execute("CREATE EXTENSION pg_ticket VERSION '0.2.0'").unwrap();
+    one(&mut db, "SELECT snowflake_id()");
+    db.batch_execute("ALTER EXTENSION pg_ticket UPDATE").unwrap();
+    let space = db.query_one("SELECT epoch_ms, machine_bits FROM pgticket.id_space", &[]).expect("one space recorded");
+    let (epoch, bits): (i64, i32) = (space.get(0), space.get(1));
+    let configured = db.query_one("SELECT epoch_ms, machine_bits FROM pgticket.snowflake_id_space()", &[]).unwrap();
+    assert_eq!((epoch, bits), (configured.get::<_, i64>(0), configured.get::<_, i32>(1)));
+    // The database goes on making snowflakes in it.
+    one(&mut db, "SELECT snowflake_id()");
+    assert_eq!(db.query_one("SELECT to_regprocedure('pgticket.record_space_of_the_mark()') IS NULL", &[]).unwrap().get::<_, bool>(0), true);
+}
