@@ -37,3 +37,27 @@ CREATE FUNCTION pgticket.record_space_of_the_mark() RETURNS boolean
     LANGUAGE c AS 'MODULE_PATHNAME', 'record_space_of_the_mark_wrapper';
 SELECT pgticket.record_space_of_the_mark();
 DROP FUNCTION pgticket.record_space_of_the_mark();
+
+-- SPEC s.20.1 (review of #46): the machine-id leases' forward_only trigger
+-- multiplied a numeric by an integer, for which pg_catalog has no exact
+-- operator: CREATE EXTENSION (and 0.3.0's update) bound it to one a
+-- database owner could plant in the extension's schema, run as the table's
+-- owner at every lease. Made again with pg_catalog's, named.
+DROP TRIGGER forward_only ON pgticket.machine_id_leases;
+CREATE TRIGGER forward_only BEFORE UPDATE ON pgticket.machine_id_leases
+    FOR EACH ROW WHEN (NEW.machine_id IS DISTINCT FROM OLD.machine_id OR NEW.lease < OLD.lease
+                       OR NEW.not_before_ms < OLD.not_before_ms
+                       -- the same lease: its end, stamps and margin only grow
+                       OR (NEW.lease = OLD.lease AND (NEW.expires_at < OLD.expires_at
+                           OR NEW.last_issued_ms < OLD.last_issued_ms OR (OLD.last_issued_ms IS NOT NULL AND NEW.last_issued_ms IS NULL)
+                           OR NEW.margin_ms < OLD.margin_ms OR (OLD.margin_ms IS NOT NULL AND NEW.margin_ms IS NULL)
+                           OR (OLD.revoked AND NOT NEW.revoked)
+                           OR (OLD.ended_at IS NOT NULL AND NEW.ended_at IS DISTINCT FROM OLD.ended_at)))
+                       -- a new lease stamps above the old one's end plus its margin
+                       OR (NEW.lease > OLD.lease AND NEW.not_before_ms <
+                           (extract(epoch FROM CASE WHEN OLD.revoked THEN OLD.expires_at
+                                                    ELSE LEAST(coalesce(OLD.ended_at, OLD.expires_at), OLD.expires_at) END)
+                            OPERATOR(pg_catalog.*) 1000::pg_catalog.numeric)::bigint
+                           + coalesce(OLD.margin_ms, 0)))
+    EXECUTE FUNCTION pgticket.refuse_rewind();
+ALTER TABLE pgticket.machine_id_leases ENABLE ALWAYS TRIGGER forward_only;

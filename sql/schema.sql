@@ -220,7 +220,8 @@ CREATE TRIGGER forward_only BEFORE UPDATE ON pgticket.machine_id_leases
                        -- a new lease stamps above the old one's end plus its margin
                        OR (NEW.lease > OLD.lease AND NEW.not_before_ms <
                            (extract(epoch FROM CASE WHEN OLD.revoked THEN OLD.expires_at
-                                                    ELSE LEAST(coalesce(OLD.ended_at, OLD.expires_at), OLD.expires_at) END) * 1000)::bigint
+                                                    ELSE LEAST(coalesce(OLD.ended_at, OLD.expires_at), OLD.expires_at) END)
+                            OPERATOR(pg_catalog.*) 1000::pg_catalog.numeric)::bigint
                            + coalesce(OLD.margin_ms, 0)))
     EXECUTE FUNCTION pgticket.refuse_rewind();
 CREATE UNIQUE INDEX machine_id_leases_lease ON pgticket.machine_id_leases (lease);

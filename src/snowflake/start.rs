@@ -3,25 +3,33 @@
 //! the library during `pg_upgrade`); the data directory is the working
 //! directory. What each kind of start may serve follows from it (§17.1):
 //!
-//! - `pg_upgrade`'s new cluster (`IsBinaryUpgrade`, and pg_upgrade's
-//!   `pg_upgrade_output.d` in this data directory, made there from
-//!   PostgreSQL 15 on): it never inherits a mark or a shard book it cannot
+//! - `pg_upgrade`'s new cluster (`IsBinaryUpgrade`, started with `fsync`
+//!   and `full_page_writes` off, which pg_upgrade sets for the new cluster
+//!   alone, and pg_upgrade's `pg_upgrade_output.d` in this data directory,
+//!   made there from PostgreSQL 15 on; the directory alone is no proof: a
+//!   run with `--retain` leaves it behind in what may later be an old
+//!   cluster): it never inherits a mark or a shard book it cannot
 //!   prove. A mark or book this new cluster made itself before the upgrade
 //!   (a snowflake made and its database dropped) is set aside, and the
 //!   upgrade marker written whatever was there: until the old server's
 //!   files are copied in or an administrator vouches, no snowflake or
 //!   sharded ID (0.4.0 wrote the marker only where no mark existed, and a
 //!   new cluster that had made one snowflake stamped below the old server).
-//! - `pg_upgrade`'s old cluster (`IsBinaryUpgrade` without that directory):
-//!   a hold it carries (a restored start not yet vouched for, accepted
-//!   shards held, a mark lost in an earlier upgrade) lives in marker files
-//!   that an upgrade's copy steps can omit, so the upgrade is refused
-//!   loudly until the hold is resolved (0.4.0's documented copy loop
-//!   carried the mark and the book but not the markers, and the upgraded
-//!   server stamped freely).
+//! - `pg_upgrade`'s old cluster (any other binary-upgrade start): a hold
+//!   it carries (a restored start not yet vouched for, accepted shards
+//!   held, a mark lost in an earlier upgrade) lives in marker files that an
+//!   upgrade's copy steps can omit, so the upgrade is refused loudly until
+//!   the hold is resolved (0.4.0's documented copy loop carried the mark
+//!   and the book but not the markers, and the upgraded server stamped
+//!   freely). And it is marked as read by pg_upgrade: started again as a
+//!   server (copy mode leaves it usable), it cannot prove that its
+//!   upgraded copy did not move on (a shard handed away, snowflakes past
+//!   its mark), so that start is held as a restored one is (#46 review).
+//!   `pg_upgrade --check` of a stopped old server marks it too.
 //! - A base backup or a point-in-time recovery started in a server's place
-//!   (`backup_label` or `recovery.signal`, no `standby.signal`): held
-//!   (`history`, `wal`).
+//!   (`backup_label` or `recovery.signal`; `standby.signal` with a recovery
+//!   target is a point-in-time recovery too), or a server pg_upgrade read:
+//!   held (`history`, `wal`).
 //! - Anything else (a clean or crash restart, a standby): nothing to do.
 //!
 //! Touches: the marker files and, at an upgrade's new cluster, the mark and
@@ -35,6 +43,20 @@ use super::{history, wal, MARK_FILE, SHARD_BOOK_FILE};
 const PG_UPGRADE_OUTPUT: &str = "pg_upgrade_output.d";
 /// What a file of the new cluster's own is renamed to at its upgrade.
 const SET_ASIDE: &str = ".before-pg_upgrade";
+/// Left in pg_upgrade's old cluster: its next start as a server is held.
+const READ_BY_PG_UPGRADE: &str = "pg_ticket_read_by_pg_upgrade";
+
+/// The recovery target settings: any set makes a recovery a point-in-time
+/// one, in standby mode too.
+const RECOVERY_TARGETS: [&std::ffi::CStr; 5] =
+    [c"recovery_target", c"recovery_target_lsn", c"recovery_target_name", c"recovery_target_time", c"recovery_target_xid"];
+
+fn recovery_target_set() -> bool {
+    RECOVERY_TARGETS.iter().any(|name| {
+        let value = unsafe { pgrx::pg_sys::GetConfigOption(name.as_ptr(), true, false) };
+        !value.is_null() && unsafe { *value } != 0
+    })
+}
 
 #[derive(Debug, PartialEq, Eq)]
 pub enum Start {
@@ -42,7 +64,8 @@ pub enum Start {
     UpgradeTarget,
     /// pg_upgrade's old cluster, started in binary-upgrade mode to be read.
     UpgradeSource,
-    /// A base backup or a point-in-time recovery, not a standby.
+    /// A base backup or a point-in-time recovery, not a standby; or a
+    /// server pg_upgrade read.
     Restored,
     /// A clean or crash restart, a standby.
     Ordinary,
@@ -52,9 +75,12 @@ pub enum Start {
 pub fn classify() -> Start {
     let exists = |name: &str| Path::new(name).exists();
     if unsafe { pgrx::pg_sys::IsBinaryUpgrade } {
-        return if exists(PG_UPGRADE_OUTPUT) { Start::UpgradeTarget } else { Start::UpgradeSource };
+        let durability_off = unsafe { !pgrx::pg_sys::enableFsync && !pgrx::pg_sys::fullPageWrites };
+        return if durability_off && exists(PG_UPGRADE_OUTPUT) { Start::UpgradeTarget } else { Start::UpgradeSource };
     }
-    if (exists("backup_label") || exists("recovery.signal")) && !exists("standby.signal") {
+    let recovering_to_a_point = exists("recovery.signal") || (exists("standby.signal") && recovery_target_set());
+    let copy = (exists("backup_label") && !exists("standby.signal")) || recovering_to_a_point;
+    if copy || exists(READ_BY_PG_UPGRADE) {
         return Start::Restored;
     }
     Start::Ordinary
@@ -65,8 +91,8 @@ pub fn classify() -> Start {
 pub fn at_start() {
     let outcome = match classify() {
         Start::UpgradeTarget => set_aside_own_state().and_then(|()| history::mark_an_upgrade_start()),
-        Start::UpgradeSource => refuse_an_upgrade_that_would_drop_a_hold(),
-        Start::Restored => wal::hold_a_restored_start().and_then(|()| history::hold_after_a_restored_start()),
+        Start::UpgradeSource => refuse_an_upgrade_that_would_drop_a_hold().and_then(|()| mark_as_read_by_pg_upgrade()),
+        Start::Restored => wal::hold_a_restored_start().and_then(|()| history::hold_after_a_restored_start()).and_then(|()| forget_the_upgrade_read()),
         Start::Ordinary => Ok(()),
     };
     if let Err(e) = outcome {
@@ -81,7 +107,9 @@ fn set_aside_own_state() -> Result<(), String> {
         if Path::new(file).exists() {
             let aside = format!("{file}{SET_ASIDE}");
             std::fs::rename(file, &aside).map_err(|e| format!("pg_upgrade's new cluster has its own {file}, which cannot be set aside as {aside}: {e}"))?;
-            pgrx::log!("pg_ticket: pg_upgrade's new cluster had its own {file} (made before the upgrade): set aside as {aside}; the old server's is copied in after the upgrade");
+            pgrx::log!(
+                "pg_ticket: pg_upgrade's new cluster had its own {file} (made before the upgrade, not the old server's): set aside as {aside}, not to be copied back; copy the old server's {file} in after the upgrade"
+            );
         }
     }
     std::fs::File::open(".").and_then(|d| d.sync_all()).map_err(|e| format!("cannot flush the data directory: {e}"))
@@ -99,4 +127,26 @@ fn refuse_an_upgrade_that_would_drop_a_hold() -> Result<(), String> {
          start it normally, vouch with pgticket.raise_snowflake_mark() and accept its shards again with pgticket.accept_shard() (docs/operations.md), then run pg_upgrade",
         held.join(", ")
     ))
+}
+
+/// pg_upgrade's old cluster: its next start as a server is held.
+fn mark_as_read_by_pg_upgrade() -> Result<(), String> {
+    if Path::new(READ_BY_PG_UPGRADE).exists() {
+        return Ok(());
+    }
+    let text = "pg_upgrade read this data directory: started again as a server, it holds its snowflakes and shards until vouched for\n";
+    ticket_core::snowflake::write_atomically(Path::new(READ_BY_PG_UPGRADE), text).map_err(|e| format!("pg_upgrade's old cluster, and {e}"))
+}
+
+/// Once a start of a server pg_upgrade read holds (the hold markers are
+/// written), the note that it was read goes.
+fn forget_the_upgrade_read() -> Result<(), String> {
+    match std::fs::remove_file(READ_BY_PG_UPGRADE) {
+        Ok(()) => {
+            pgrx::log!("pg_ticket: pg_upgrade read this data directory before: its snowflakes and shards are held until vouched for (pgticket.raise_snowflake_mark)");
+            std::fs::File::open(".").and_then(|d| d.sync_all()).map_err(|e| format!("cannot flush the data directory: {e}"))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(format!("cannot remove {READ_BY_PG_UPGRADE}: {e}")),
+    }
 }

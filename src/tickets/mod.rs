@@ -314,14 +314,36 @@ fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
                 g.requested = true;
                 g.asks += 1;
                 g.waits += 1;
+                g.waiters += 1;
                 // A new row would be this role's: checked and counted for it.
                 g.set_creator();
                 drop(g);
+                // Until this call returns or is cancelled (an ERROR unwinds
+                // through it): the worker serves a first use only while
+                // someone waits for it.
+                let _waiting = Waiting { slot: i, generation };
                 crate::refusals::count_ticket_wait();
                 let _queued = worker::request(scope.db, i).or_raise();
                 let deadline = *deadline.get_or_insert_with(|| Instant::now() + settings::ticket_wait_timeout());
                 wait_for_segment(i, generation, scope.db, deadline, queue, domain);
             }
+        }
+    }
+}
+
+/// A backend waiting for a slot's segment, counted in `SlotData::waiters`
+/// while it lives (a slot given to another scope since has its own count).
+struct Waiting {
+    slot: usize,
+    generation: u64,
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        let slot = &shmem::slots()[self.slot];
+        let mut g = slot.lock();
+        if slot.generation.load(Ordering::Acquire) == self.generation {
+            g.waiters = g.waiters.saturating_sub(1);
         }
     }
 }

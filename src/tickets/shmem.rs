@@ -87,6 +87,10 @@ pub struct SlotData {
     pub step: i64,
     /// A segment was asked for and not yet installed.
     pub requested: bool,
+    /// Backends waiting now for this scope's first segment here (#46 item
+    /// 10): a scope with nothing installed and nobody waiting any more
+    /// (the calls were cancelled) is not reserved by the worker.
+    pub waiters: u32,
     /// Counts the asks: the worker answers the ask it read, and one made
     /// while it reserved stays asked.
     pub asks: u64,
@@ -177,6 +181,7 @@ impl SlotData {
             cache: Cache::default(),
             step: 0,
             requested: false,
+            waiters: 0,
             asks: 0,
             busy: false,
             reserved_to: 0,

@@ -374,8 +374,17 @@ fn serve(db: u32, me: &shmem::WorkerSlot) -> bool {
         let mut request =
             Wanted { slot: i, generation: 0, table: 0, key_len: 0, key: [0; KEY_MAX], step: 0, reserved_to: 0, busy: false, creator: crate::quota::Asker { role: pg_sys::Oid::INVALID, cap: 0, pending: 0 }, asks: 0 };
         {
-            let g = slot.lock();
+            let mut g = slot.lock();
             if !(g.in_use && g.db == db && g.requested && g.failure.is_none()) {
+                continue;
+            }
+            // A scope with nothing installed here that nobody waits for any
+            // more (its callers were cancelled, #46 item 10: 0.4.0 made
+            // thousands of scopes for calls under statement_timeout = 2ms,
+            // and another role's refills queued behind them). A prefetch
+            // of a scope in use has something installed.
+            if g.reserved_to == 0 && g.waiters == 0 {
+                g.requested = false;
                 continue;
             }
             request.generation = slot.generation.load(Ordering::Acquire);
@@ -397,7 +406,20 @@ fn serve(db: u32, me: &shmem::WorkerSlot) -> bool {
     // installed and their waiters woken: a locked scope delays only itself.
     // They are tried for BUSY_PASS at most a pass; the rest stay asked for.
     let (busy, together): (Vec<Wanted>, Vec<Wanted>) = wanted.into_iter().partition(|w| w.busy);
-    install(&together, reserve_together(&together, series), (min, max));
+    // Refills of scopes in use first, in a transaction of their own; then
+    // at most FIRST_USES_PER_PASS new scopes, taken in turns by the role
+    // that asked (#46 item 10: one role's flood of new names delayed every
+    // other role's refills by its pass). The rest stay asked for, next pass.
+    let (refills, first_uses): (Vec<Wanted>, Vec<Wanted>) = together.into_iter().partition(|w| w.reserved_to > 0);
+    install(&refills, reserve_together(&refills, series), (min, max));
+    let (first_uses, later) = ticket_core::tickets::take_in_turns(first_uses, |w| w.creator.role.to_u32(), FIRST_USES_PER_PASS);
+    install(&first_uses, reserve_together(&first_uses, series), (min, max));
+    if !later.is_empty() {
+        for request in &later {
+            me.push(request.slot);
+        }
+        unsafe { pg_sys::SetLatch(pg_sys::MyLatch) };
+    }
     let started = std::time::Instant::now();
     for request in &busy {
         if started.elapsed() > BUSY_PASS {
@@ -407,6 +429,9 @@ fn serve(db: u32, me: &shmem::WorkerSlot) -> bool {
     }
     true
 }
+
+/// New scopes a pass makes at most (in one transaction).
+const FIRST_USES_PER_PASS: usize = 128;
 
 /// How long one pass spends on scopes found locked before.
 const BUSY_PASS: Duration = Duration::from_millis(50);

@@ -16,12 +16,13 @@
 //!   join in. A
 //!   sweep looks at `WINDOW` slots at most before it settles for a slot
 //!   used lately. A run of spared slots at the hand is passed, however
-//!   long (0.4.0 gave up after 256 slots and evicted a spared one, #46
-//!   item 12): the hand passes each slot once per turn and at most half
-//!   the slots are spared (each owner half its fair share), so placements
-//!   cost O(1) slots on average; only when every slot is spared (more
-//!   owners than the cache has `MIN_SPARED` slots for) does it take the
-//!   slot at hand.
+//!   long, while some slot is surely not spared (0.4.0 gave up after 256
+//!   slots and evicted a spared one, #46 item 12): the hand passes each
+//!   slot once per turn and at most half the slots are spared (each owner
+//!   half its fair share), so placements cost O(1) slots on average. When
+//!   every slot may be spared (more owners than the cache has
+//!   `MIN_SPARED` slots for) it takes the slot at hand after `SWEEP_MAX`,
+//!   so no placement scans the cache.
 //! - The slots each owner holds, and each database, are counted in
 //!   open-addressing tables keyed by owner and by database (`DbCounts`).
 //!
@@ -172,8 +173,21 @@ impl DbCounts<'_> {
     /// `MIN_SPARED` slots, or half its fair share of `slots`? (Only the
     /// slots it uses: `SlotView::idle`.)
     pub fn spared(&self, db: u32, slots: usize) -> bool {
+        self.count(db) as usize <= self.spare_line(slots)
+    }
+
+    /// How many slots an owner keeps: half its fair share, or `MIN_SPARED`.
+    fn spare_line(&self, slots: usize) -> usize {
         let half_fair = slots / (*self.active).max(1) as usize / 2;
-        self.count(db) as usize <= half_fair.max(MIN_SPARED)
+        half_fair.max(MIN_SPARED)
+    }
+
+    /// Some slot in use is not spared: the owners keep fewer slots between
+    /// them than there are (each at most its spare line). True whenever
+    /// half the fair share is above `MIN_SPARED`: then at most half the
+    /// slots are spared.
+    fn some_slot_unspared(&self, slots: usize) -> bool {
+        (*self.active as usize).saturating_mul(self.spare_line(slots)) < slots
     }
 }
 
@@ -182,6 +196,9 @@ impl DbCounts<'_> {
 pub const MIN_SPARED: usize = 16;
 /// Slots a sweep looks at before it settles for one used lately.
 pub const WINDOW: usize = 64;
+/// Slots a sweep looks at when every slot may be spared (more owners than
+/// the cache has `MIN_SPARED` slots for) before it takes the slot at hand.
+pub const SWEEP_MAX: usize = 4 * WINDOW;
 
 /// What the sweep needs of a slot.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -204,12 +221,17 @@ pub struct SlotView {
 /// hand on, a slot not in use, else the first neither spared nor used since
 /// the hand last passed (`look` clears that bit as the hand passes: its
 /// second chance). After `WINDOW` slots it settles for the first one not
-/// spared; after a whole turn of the hand it takes the slot at hand (only
-/// when every slot is spared: more owners than the cache has room to spare).
+/// spared. While some slot is surely not spared it goes on until it finds
+/// one, however long the run of spared slots at the hand (each slot is
+/// passed once per turn, and at most half are spared: O(1) on average);
+/// when every slot may be spared it takes the slot at hand after
+/// `SWEEP_MAX` (a whole turn would be O(slots) under the directory lock,
+/// every time: #46 review).
 pub fn sweep(hand: &mut usize, slots: usize, db: u32, counts: &DbCounts<'_>, mut look: impl FnMut(usize) -> SlotView) -> usize {
     let mut fallback = None;
     let mut last = *hand;
-    for examined in 1..=slots {
+    let bound = if counts.some_slot_unspared(slots) { slots } else { slots.min(SWEEP_MAX) };
+    for examined in 1..=bound {
         let i = *hand;
         *hand = (*hand + 1) % slots;
         let view = look(i);
@@ -286,6 +308,25 @@ mod tests {
         assert_eq!(*counts.active, 2);
     }
 
+    /// A scope of owner `db` placed by a sweep from `hand` (a used slot's
+    /// reference bit cleared as the hand passes, the victim's count taken
+    /// off); how many slots the sweep examined.
+    fn place(hand: &mut usize, db: u32, views: &mut [SlotView], counts: &mut DbCounts<'_>) -> usize {
+        let mut examined = 0;
+        let i = sweep(hand, views.len(), db, counts, |i| {
+            examined += 1;
+            let v = views[i];
+            views[i].referenced = false;
+            v
+        });
+        if views[i].in_use {
+            counts.take(views[i].db);
+        }
+        views[i] = SlotView { in_use: true, db, referenced: true, idle: false };
+        counts.add(db);
+        examined
+    }
+
     /// A database flooding new scopes evicts its own and never takes
     /// another's below half its fair share; every slot is examined at most
     /// a few times per placement.
@@ -297,21 +338,7 @@ mod tests {
         let mut hand = 0;
         let mut counts = DbCounts { table: &mut table, active: &mut active };
         // The victim database caches 300 scopes and keeps using them.
-        let place = |db: u32, views: &mut Vec<SlotView>, counts: &mut DbCounts<'_>, hand: &mut usize| -> usize {
-            let mut examined = 0;
-            let i = sweep(hand, slots, db, counts, |i| {
-                examined += 1;
-                let v = views[i];
-                views[i].referenced = false;
-                v
-            });
-            if views[i].in_use {
-                counts.take(views[i].db);
-            }
-            views[i] = SlotView { in_use: true, db, referenced: true, idle: false };
-            counts.add(db);
-            examined
-        };
+        let place = |db: u32, views: &mut Vec<SlotView>, counts: &mut DbCounts<'_>, hand: &mut usize| place(hand, db, views, counts);
         for _ in 0..300 {
             place(1, &mut views, &mut counts, &mut hand);
         }
@@ -331,6 +358,33 @@ mod tests {
         assert!(worst <= slots / 2 + WINDOW, "one placement examined {worst} slots");
     }
 
+    /// Review of #46 item 12's fix: with every slot spared (more owners than
+    /// the cache has `MIN_SPARED` slots for, each holding its 16), a
+    /// placement scanned the whole cache under the directory lock. It looks
+    /// at `SWEEP_MAX` slots at most then.
+    #[test]
+    fn a_cache_spared_throughout_is_not_scanned_whole() {
+        let slots = 4096;
+        let owners = (slots / MIN_SPARED) as u32;
+        let (mut table, mut active) = (vec![(0, 0); 2 * owners as usize], 0);
+        let mut views = vec![SlotView { in_use: false, db: 0, referenced: false, idle: false }; slots];
+        let mut hand = 0;
+        let mut counts = DbCounts { table: &mut table, active: &mut active };
+        for owner in 1..=owners {
+            for _ in 0..MIN_SPARED {
+                place(&mut hand, owner, &mut views, &mut counts);
+            }
+        }
+        let mut worst = 0;
+        for _ in 0..100 {
+            for v in views.iter_mut() {
+                v.referenced = true;
+            }
+            worst = worst.max(place(&mut hand, owners + 1, &mut views, &mut counts));
+        }
+        assert!(worst <= SWEEP_MAX, "one placement examined {worst} slots");
+    }
+
     /// #46 item 12: a run of spared slots longer than the sweep's old bound
     /// (256) at the hand: 0.4.0 gave up there and evicted the run's last
     /// slot, a spared one. The victim holds exactly its spared share, all
@@ -344,21 +398,7 @@ mod tests {
         let mut views = vec![SlotView { in_use: false, db: 0, referenced: false, idle: false }; slots];
         let mut hand = 0;
         let mut counts = DbCounts { table: &mut table, active: &mut active };
-        let mut place = |db: u32, views: &mut Vec<SlotView>, counts: &mut DbCounts<'_>| -> usize {
-            let mut examined = 0;
-            let i = sweep(&mut hand, slots, db, counts, |i| {
-                examined += 1;
-                let v = views[i];
-                views[i].referenced = false;
-                v
-            });
-            if views[i].in_use {
-                counts.take(views[i].db);
-            }
-            views[i] = SlotView { in_use: true, db, referenced: true, idle: false };
-            counts.add(db);
-            examined
-        };
+        let mut place = |db: u32, views: &mut Vec<SlotView>, counts: &mut DbCounts<'_>| place(&mut hand, db, views, counts);
         let share = slots / 2 / 2;
         for _ in 0..share {
             place(1, &mut views, &mut counts);

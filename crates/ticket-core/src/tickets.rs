@@ -178,6 +178,41 @@ pub fn next_step(step: i64, lasted_ms: u64, min: i64, max: i64, fast_ms: u64, sl
     step.clamp(min, max.max(min))
 }
 
+/// At most `n` of `items`, taken in turns from each owner (`owner_of`) in
+/// the order they first appear, each owner's in its own order; and the
+/// rest. The ticket worker's first uses of a pass (#46 item 10): one role
+/// asking for thousands of new scopes gets its turn, not the pass.
+pub fn take_in_turns<T>(items: Vec<T>, owner_of: impl Fn(&T) -> u32, n: usize) -> (Vec<T>, Vec<T>) {
+    if items.len() <= n {
+        return (items, Vec::new());
+    }
+    let mut owners: Vec<(u32, std::collections::VecDeque<T>)> = Vec::new();
+    for item in items {
+        let owner = owner_of(&item);
+        match owners.iter_mut().find(|(o, _)| *o == owner) {
+            Some((_, queue)) => queue.push_back(item),
+            None => owners.push((owner, std::collections::VecDeque::from([item]))),
+        }
+    }
+    let mut taken = Vec::with_capacity(n);
+    while taken.len() < n {
+        let before = taken.len();
+        for (_, queue) in owners.iter_mut() {
+            if taken.len() == n {
+                break;
+            }
+            if let Some(item) = queue.pop_front() {
+                taken.push(item);
+            }
+        }
+        if taken.len() == before {
+            break;
+        }
+    }
+    let rest = owners.into_iter().flat_map(|(_, queue)| queue).collect();
+    (taken, rest)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -291,5 +326,28 @@ mod tests {
         assert_eq!(next_step(100, 60_000, 10, 1000, 500, 10_000), 50, "slow: halve");
         assert_eq!(next_step(15, 60_000, 10, 1000, 500, 10_000), 10, "never below the minimum");
         assert_eq!(next_step(100, 2_000, 10, 1000, 500, 10_000), 100, "steady: keep");
+    }
+
+    #[test]
+    fn first_uses_are_taken_in_turns_by_role() {
+        // Role 7 asks for 1 000 new scopes, roles 8 and 9 for two each.
+        let mut items: Vec<(u32, usize)> = (0..1000).map(|k| (7, k)).collect();
+        items.insert(500, (8, 0));
+        items.push((9, 0));
+        items.push((8, 1));
+        items.push((9, 1));
+        let (taken, rest) = take_in_turns(items.clone(), |i| i.0, 10);
+        assert_eq!(taken.len(), 10);
+        for role in [8, 9] {
+            assert_eq!(taken.iter().filter(|i| i.0 == role).count(), 2, "role {role} has both its scopes taken");
+        }
+        assert_eq!(taken.iter().filter(|i| i.0 == 7).map(|i| i.1).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4, 5], "the flooder's in its own order");
+        assert_eq!(rest.len(), items.len() - 10);
+        let mut all: Vec<_> = taken.iter().chain(rest.iter()).copied().collect();
+        all.sort_unstable();
+        items.sort_unstable();
+        assert_eq!(all, items, "nothing lost or made twice");
+        let (few, none) = take_in_turns(vec![(1, 0), (1, 1)], |i| i.0, 10);
+        assert_eq!((few.len(), none.len()), (2, 0));
     }
 }

@@ -5,23 +5,18 @@
 use pg_ticket_integration::{shared_cluster, sqlstate, Cluster};
 use postgres::Client;
 
+/// The cluster, with the plain login roles `tenant` (who must not touch
+/// the shops' series) and `importer` (granted the advance by one test).
 fn cluster() -> &'static Cluster {
-    shared_cluster("abuse", 55702, &["pg_ticket.max_scopes_per_role = 2"])
+    static ROLES: std::sync::Once = std::sync::Once::new();
+    let c = shared_cluster("abuse", 55702, &["pg_ticket.max_scopes_per_role = 2"]);
+    ROLES.call_once(|| c.connect().batch_execute("CREATE ROLE tenant LOGIN; CREATE ROLE importer LOGIN").unwrap());
+    c
 }
 
-/// A database where the role `tenant` (plain, login) and the role `shop`
-/// (whose invoice series the tenant must not touch) exist.
+/// A database of its own with the extension.
 fn db(c: &Cluster, name: &str) -> Client {
-    let mut admin = c.fresh_db(name);
-    admin
-        .batch_execute(
-            "DO $$ BEGIN
-                 IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'tenant') THEN CREATE ROLE tenant LOGIN; END IF;
-                 IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'importer') THEN CREATE ROLE importer LOGIN; END IF;
-             END $$",
-        )
-        .unwrap();
-    admin
+    c.fresh_db(name)
 }
 
 fn one(client: &mut Client, sql: &str) -> i64 {

@@ -275,3 +275,85 @@ fn no_shadowed_name_runs_as_the_owner_in_a_registry_that_is_not_preloaded() {
     assert_eq!(ran_as_others(&mut admin), Vec::<(String, String)>::new(), "a shadow of mallory's ran with another role's rights");
     assert!(!is_superuser(&mut admin), "mallory became a superuser");
 }
+
+/// Operators a database owner plants in `public` (the extension's schema
+/// when created there) for every pair of common types, where pg_catalog
+/// may have no exact match: a `numeric * integer` binds to one of these
+/// rather than to pg_catalog's `numeric * numeric`.
+const PLANTED_OPERATORS: &str = r#"
+CREATE FUNCTION public.planted(a anyelement, b anyelement) RETURNS anyelement LANGUAGE sql AS 'SELECT $1';
+DO $ops$
+DECLARE
+    l text;
+    r text;
+    o text;
+BEGIN
+    FOREACH o IN ARRAY ARRAY['+', '-', '*', '/', '<', '>', '<=', '>=', '=', '<>', '||'] LOOP
+        FOREACH l IN ARRAY ARRAY['smallint', 'integer', 'bigint', 'numeric', 'double precision', 'text', 'timestamp with time zone', 'interval', 'boolean', 'oid'] LOOP
+            FOREACH r IN ARRAY ARRAY['smallint', 'integer', 'bigint', 'numeric', 'double precision', 'text', 'timestamp with time zone', 'interval', 'boolean', 'oid'] LOOP
+                BEGIN
+                    EXECUTE format('CREATE FUNCTION public."planted %s %s %s"(%s, %s) RETURNS %s LANGUAGE sql AS %L', l, o, r, l, r, l, 'SELECT $1');
+                    EXECUTE format('CREATE OPERATOR public.%s (LEFTARG = %s, RIGHTARG = %s, FUNCTION = public."planted %s %s %s")', o, l, r, l, o, r);
+                EXCEPTION WHEN OTHERS THEN NULL;
+                END;
+            END LOOP;
+        END LOOP;
+    END LOOP;
+END $ops$;
+"#;
+
+/// What the extension's objects were bound to at creation that is neither
+/// pg_catalog's nor the extension's own: its members, and the triggers,
+/// constraints, defaults and views on its tables.
+const BOUND_OUTSIDE: &str = r#"
+WITH ext AS (SELECT oid FROM pg_extension WHERE extname = 'pg_ticket'),
+members AS (SELECT d.classid, d.objid FROM pg_depend d, ext
+             WHERE d.refclassid = 'pg_extension'::regclass AND d.refobjid = ext.oid AND d.deptype = 'e'),
+tables AS (SELECT objid AS rel FROM members WHERE classid = 'pg_class'::regclass),
+objects AS (
+    SELECT classid, objid FROM members
+    UNION SELECT 'pg_trigger'::regclass, t.oid FROM pg_trigger t JOIN tables ON t.tgrelid = tables.rel
+    UNION SELECT 'pg_constraint'::regclass, c.oid FROM pg_constraint c JOIN tables ON c.conrelid = tables.rel
+    UNION SELECT 'pg_attrdef'::regclass, a.oid FROM pg_attrdef a JOIN tables ON a.adrelid = tables.rel
+    UNION SELECT 'pg_rewrite'::regclass, w.oid FROM pg_rewrite w JOIN tables ON w.ev_class = tables.rel)
+SELECT DISTINCT pg_describe_object(d.classid, d.objid, 0) || ' -> ' || pg_describe_object(d.refclassid, d.refobjid, 0)
+  FROM pg_depend d JOIN objects o ON o.classid = d.classid AND o.objid = d.objid
+ WHERE d.refclassid IN ('pg_operator'::regclass, 'pg_proc'::regclass)
+   AND NOT EXISTS (SELECT FROM members m WHERE m.classid = d.refclassid AND m.objid = d.refobjid)
+   AND CASE d.refclassid
+         WHEN 'pg_operator'::regclass THEN (SELECT oprnamespace FROM pg_operator WHERE oid = d.refobjid)
+         ELSE (SELECT pronamespace FROM pg_proc WHERE oid = d.refobjid) END <> 'pg_catalog'::regnamespace
+ ORDER BY 1
+"#;
+
+/// Review of #46 (helper-1, SPEC §20.1 at install time): the machine-id
+/// leases' `forward_only` trigger multiplied a numeric by an integer,
+/// which pg_catalog has no exact operator for, so `CREATE EXTENSION` in a
+/// database whose owner (not a superuser) had planted `public.*(numeric,
+/// integer)` bound the trigger to it, and every lease released and granted
+/// again ran it as the table's owner (the role became superuser). Now
+/// nothing the extension creates, fresh or updated from 0.4.0, is bound to
+/// an operator or function outside pg_catalog and the extension.
+#[test]
+fn nothing_the_extension_creates_binds_a_database_owners_operators() {
+    let c = cluster();
+    let mut admin = c.connect();
+    admin.batch_execute("DO $$ BEGIN IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'dbo') THEN CREATE ROLE dbo LOGIN; END IF; END $$").unwrap();
+    for db in ["planted_fresh", "planted_updated"] {
+        admin.batch_execute(&format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")).unwrap();
+        admin.batch_execute(&format!("CREATE DATABASE {db} OWNER dbo")).unwrap();
+    }
+    for (db, create) in [("planted_fresh", "CREATE EXTENSION pg_ticket"), ("planted_updated", "CREATE EXTENSION pg_ticket VERSION '0.4.0'; ALTER EXTENSION pg_ticket UPDATE")] {
+        // pg_database_owner owns public from PostgreSQL 15 on; before, a
+        // grant does it.
+        c.connect_as("postgres", db).batch_execute("GRANT CREATE ON SCHEMA public TO dbo").unwrap();
+        let mut owner = c.connect_as("dbo", db);
+        owner.batch_execute(PLANTED_OPERATORS).unwrap();
+        let planted: i64 = owner.query_one("SELECT count(*) FROM pg_operator WHERE oprnamespace = 'public'::regnamespace", &[]).unwrap().get(0);
+        assert!(planted >= 500, "{planted} operators planted");
+        let mut su = c.connect_as("postgres", db);
+        su.batch_execute(create).unwrap();
+        let bound: Vec<String> = su.query(BOUND_OUTSIDE, &[]).unwrap().iter().map(|r| r.get(0)).collect();
+        assert_eq!(bound, Vec::<String>::new(), "{db}: bound outside pg_catalog and the extension");
+    }
+}

@@ -275,3 +275,59 @@ fn wait_stopped_by_kill(c: &Cluster) {
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// Review of #46 (helper-2): a point-in-time recovery in standby mode
+/// (`standby.signal`, a recovery target, `recovery_target_action =
+/// 'promote'`) was taken for a standby and not held, and issued a shard
+/// its original had released since. A recovery target makes it a
+/// point-in-time recovery whatever the signal file: held.
+#[test]
+fn a_point_in_time_recovery_in_standby_mode_is_held() {
+    let archive = std::path::PathBuf::from("/tmp/pgt-pitr2-archive");
+    owned_dir(&archive);
+    let archiving = format!("archive_command = 'cp %p {}/%f'", archive.display());
+    let a = Cluster::start("pitr2-a", 55609, &["pg_ticket.shards = '5'", "pg_ticket.machine_id = 4", "archive_mode = on", &archiving]);
+    let mut on_a = a.connect();
+    on_a.query_one("SELECT pgticket.accept_shard(5, 0)", &[]).unwrap();
+    let copy_dir = std::path::PathBuf::from("/tmp/pgt-pitr2-copy");
+    owned_dir(&copy_dir);
+    let data = copy_dir.join("data");
+    pg_tool("pg_basebackup", &["-D", data.to_str().unwrap(), "-c", "fast", "-X", "none", "-h", a.dir.to_str().unwrap(), "-p", &a.port.to_string(), "-U", "postgres"]);
+    on_a.query_one("SELECT max(sharded_id(5)) FROM generate_series(1, 100)", &[]).unwrap();
+    on_a.batch_execute("SELECT pg_create_restore_point('pitr2'); SELECT pg_switch_wal()").unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !on_a.query_one("SELECT archived_count >= 2 AND failed_count = 0 FROM pg_stat_archiver", &[]).unwrap().get::<_, bool>(0) {
+        assert!(Instant::now() < deadline, "WAL was not archived");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(on_a);
+    a.stop();
+    let mut f = std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).unwrap();
+    std::io::Write::write_all(
+        &mut f,
+        format!(
+            "port = 55613\nunix_socket_directories = '{}'\narchive_mode = off\nrestore_command = 'cp {}/%f %p'\n\
+             recovery_target_name = 'pitr2'\nrecovery_target_action = 'promote'\n",
+            copy_dir.display(),
+            archive.display()
+        )
+        .as_bytes(),
+    )
+    .unwrap();
+    std::fs::write(data.join("standby.signal"), "").unwrap();
+    let _ = std::process::Command::new("chown").args(["postgres:", data.join("standby.signal").to_str().unwrap()]).status();
+    let copy = Cluster::attach(&copy_dir, 55613);
+    copy.up(None);
+    let mut db = copy.connect_when_ready();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while db.query_one("SELECT pg_is_in_recovery()", &[]).unwrap().get::<_, bool>(0) {
+        assert!(Instant::now() < deadline, "recovery did not promote at its target");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    for call in ["SELECT snowflake_id()", "SELECT sharded_id(5)"] {
+        let err = db.query_one(call, &[]).expect_err("a point-in-time recovery in standby mode is held");
+        assert_eq!(sqlstate(&err), "55000", "{call}: {err}");
+    }
+    drop(db);
+    copy.stop();
+}
