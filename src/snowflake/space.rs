@@ -338,6 +338,11 @@ fn record_space_of_the_mark() -> bool {
         if !committed_spaces(table.oid).is_empty() {
             return false;
         }
+        // No mark, nothing to record: the settings are not even read (a
+        // server that never preloaded may have any in its configuration).
+        if !std::path::Path::new(super::MARK_FILE).exists() {
+            return false;
+        }
         let mine = configured().or_raise();
         let store = ticket_core::snowflake::FileMarkStore { path: std::path::Path::new(super::MARK_FILE), space: mine };
         let Some(space) = store.recorded_space().map_err(TicketError::from).or_raise() else { return false };

@@ -26,7 +26,7 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use crate::args::{required, scope_args};
-use crate::backend_local::BackendRefCell;
+use crate::backend_local::{BackendLocal, BackendRefCell};
 use crate::errors::{postgres_errors_as_raised, OrRaise, TicketError};
 use crate::names::Name;
 use crate::{settings, state_tables, xact};
@@ -321,7 +321,7 @@ fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
                 // Until this call returns or is cancelled (an ERROR unwinds
                 // through it): the worker serves a first use only while
                 // someone waits for it.
-                let _waiting = Waiting { slot: i, generation };
+                let _waiting = Waiting::counted(i, generation);
                 crate::refusals::count_ticket_wait();
                 let _queued = worker::request(scope.db, i).or_raise();
                 let deadline = *deadline.get_or_insert_with(|| Instant::now() + settings::ticket_wait_timeout());
@@ -333,18 +333,50 @@ fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
 
 /// A backend waiting for a slot's segment, counted in `SlotData::waiters`
 /// while it lives (a slot given to another scope since has its own count).
+/// Undone by its drop (a return, or an ERROR unwinding), or, when the
+/// backend exits while waiting (FATAL: `pg_terminate_backend`, a lost
+/// client, `transaction_timeout`, where nothing unwinds), by the exit
+/// callback: a count left behind would make the worker serve a first use
+/// nobody waits for (#46 review of item 10).
 struct Waiting {
     slot: usize,
     generation: u64,
 }
 
+/// The slot and generation this backend waits on now, for the exit callback.
+static WAITING_ON: BackendLocal<Option<(usize, u64)>> = BackendLocal::new(None);
+static WAIT_EXIT_CALLBACK: BackendLocal<bool> = BackendLocal::new(false);
+
+impl Waiting {
+    /// Counted already (under the slot's lock, with the ask).
+    fn counted(slot: usize, generation: u64) -> Waiting {
+        if !WAIT_EXIT_CALLBACK.replace(true) {
+            unsafe { pg_sys::before_shmem_exit(Some(stop_waiting_on_exit), pg_sys::Datum::from(0)) };
+        }
+        WAITING_ON.set(Some((slot, generation)));
+        Waiting { slot, generation }
+    }
+}
+
+fn stop_waiting(slot: usize, generation: u64) {
+    WAITING_ON.set(None);
+    let slot_ref = &shmem::slots()[slot];
+    let mut g = slot_ref.lock();
+    if slot_ref.generation.load(Ordering::Acquire) == generation {
+        g.waiters = g.waiters.saturating_sub(1);
+    }
+}
+
 impl Drop for Waiting {
     fn drop(&mut self) {
-        let slot = &shmem::slots()[self.slot];
-        let mut g = slot.lock();
-        if slot.generation.load(Ordering::Acquire) == self.generation {
-            g.waiters = g.waiters.saturating_sub(1);
-        }
+        stop_waiting(self.slot, self.generation);
+    }
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn stop_waiting_on_exit(_code: i32, _arg: pg_sys::Datum) {
+    if let Some((slot, generation)) = WAITING_ON.get() {
+        stop_waiting(slot, generation);
     }
 }
 

@@ -412,7 +412,11 @@ fn serve(db: u32, me: &shmem::WorkerSlot) -> bool {
     // other role's refills by its pass). The rest stay asked for, next pass.
     let (refills, first_uses): (Vec<Wanted>, Vec<Wanted>) = together.into_iter().partition(|w| w.reserved_to > 0);
     install(&refills, reserve_together(&refills, series), (min, max));
-    let (first_uses, later) = ticket_core::tickets::take_in_turns(first_uses, |w| w.creator.role.to_u32(), FIRST_USES_PER_PASS);
+    // The turns start at another role each pass, so no role's first uses
+    // wait behind the same others pass after pass.
+    let pass = PASSES.get();
+    PASSES.set(pass.wrapping_add(1));
+    let (first_uses, later) = ticket_core::tickets::take_in_turns(first_uses, |w| w.creator.role.to_u32(), FIRST_USES_PER_PASS, pass);
     install(&first_uses, reserve_together(&first_uses, series), (min, max));
     if !later.is_empty() {
         for request in &later {
@@ -432,6 +436,8 @@ fn serve(db: u32, me: &shmem::WorkerSlot) -> bool {
 
 /// New scopes a pass makes at most (in one transaction).
 const FIRST_USES_PER_PASS: usize = 128;
+/// This worker's passes so far.
+static PASSES: BackendLocal<usize> = BackendLocal::new(0);
 
 /// How long one pass spends on scopes found locked before.
 const BUSY_PASS: Duration = Duration::from_millis(50);

@@ -179,10 +179,11 @@ pub fn next_step(step: i64, lasted_ms: u64, min: i64, max: i64, fast_ms: u64, sl
 }
 
 /// At most `n` of `items`, taken in turns from each owner (`owner_of`) in
-/// the order they first appear, each owner's in its own order; and the
+/// the order they first appear, starting at owner `start` (modulo their
+/// number: a caller rotates it), each owner's in its own order; and the
 /// rest. The ticket worker's first uses of a pass (#46 item 10): one role
 /// asking for thousands of new scopes gets its turn, not the pass.
-pub fn take_in_turns<T>(items: Vec<T>, owner_of: impl Fn(&T) -> u32, n: usize) -> (Vec<T>, Vec<T>) {
+pub fn take_in_turns<T>(items: Vec<T>, owner_of: impl Fn(&T) -> u32, n: usize, start: usize) -> (Vec<T>, Vec<T>) {
     if items.len() <= n {
         return (items, Vec::new());
     }
@@ -194,6 +195,8 @@ pub fn take_in_turns<T>(items: Vec<T>, owner_of: impl Fn(&T) -> u32, n: usize) -
             None => owners.push((owner, std::collections::VecDeque::from([item]))),
         }
     }
+    let first = start % owners.len();
+    owners.rotate_left(first);
     let mut taken = Vec::with_capacity(n);
     while taken.len() < n {
         let before = taken.len();
@@ -336,7 +339,7 @@ mod tests {
         items.push((9, 0));
         items.push((8, 1));
         items.push((9, 1));
-        let (taken, rest) = take_in_turns(items.clone(), |i| i.0, 10);
+        let (taken, rest) = take_in_turns(items.clone(), |i| i.0, 10, 0);
         assert_eq!(taken.len(), 10);
         for role in [8, 9] {
             assert_eq!(taken.iter().filter(|i| i.0 == role).count(), 2, "role {role} has both its scopes taken");
@@ -347,7 +350,16 @@ mod tests {
         all.sort_unstable();
         items.sort_unstable();
         assert_eq!(all, items, "nothing lost or made twice");
-        let (few, none) = take_in_turns(vec![(1, 0), (1, 1)], |i| i.0, 10);
+        let (few, none) = take_in_turns(vec![(1, 0), (1, 1)], |i| i.0, 10, 3);
         assert_eq!((few.len(), none.len()), (2, 0));
+        // More owners than room: the start rotates who goes first, so
+        // every owner is served within a few passes.
+        let many: Vec<(u32, usize)> = (0..30).map(|o| (o, 0)).collect();
+        let mut served = std::collections::HashSet::new();
+        for pass in 0..3 {
+            let (taken, _) = take_in_turns(many.clone(), |i| i.0, 10, pass * 10);
+            served.extend(taken.iter().map(|i| i.0));
+        }
+        assert_eq!(served.len(), 30, "every owner within three passes");
     }
 }

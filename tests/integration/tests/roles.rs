@@ -549,3 +549,57 @@ fn cancelled_first_uses_make_no_scopes_and_stall_no_other_role() {
     assert!((made as u64) < calls / 4 + served, "{made} scopes made for {calls} calls of which {served} were served");
     c.stop();
 }
+
+/// Review of #46 item 10 (helper-3): a backend ended by FATAL while it
+/// waited for a first use (`pg_terminate_backend`, a lost client) exits
+/// without unwinding, and its waiter count stayed: the worker made the
+/// scope for nobody. The worker is stalled here (its commit waits for a
+/// synchronous standby that does not exist) while the waiters are
+/// terminated; once it runs again it makes no scope for them.
+#[test]
+fn first_uses_of_terminated_backends_make_no_scopes() {
+    let c = Cluster::start("terminated-waiters", 55704, &["pg_ticket.ticket_wait_timeout = '30s'"]);
+    let mut admin = c.connect();
+    admin.batch_execute("ALTER SYSTEM SET synchronous_standby_names = 'nobody'").unwrap();
+    admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    // The worker's commit for this scope waits for the standby.
+    let stall_dsn = c.dsn();
+    let staller = std::thread::spawn(move || {
+        let mut s = Client::connect(&stall_dsn, NoTls).unwrap();
+        let _ = s.query_one("SELECT next_ticket('stall', 'x')", &[]);
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let waiters: Vec<_> = (0..5)
+        .map(|k| {
+            let dsn = c.dsn();
+            std::thread::spawn(move || {
+                let mut s = Client::connect(&dsn, NoTls).unwrap();
+                s.query_one(&format!("SELECT next_ticket('terminated', 'w{k}')"), &[]).expect_err("terminated while waiting");
+            })
+        })
+        .collect();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let waiting: i64 = admin.query_one("SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%''terminated''%' AND pid <> pg_backend_pid()", &[]).unwrap().get(0);
+        if waiting == 5 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{waiting} of 5 waiters");
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    admin.batch_execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE query LIKE '%''terminated''%' AND pid <> pg_backend_pid()").unwrap();
+    for w in waiters {
+        w.join().unwrap();
+    }
+    // The worker runs again: the stalled commit is released.
+    admin.batch_execute("ALTER SYSTEM RESET synchronous_standby_names").unwrap();
+    admin.batch_execute("SELECT pg_reload_conf()").unwrap();
+    staller.join().unwrap();
+    // A pass or two for the queued asks.
+    admin.query_one("SELECT next_ticket('after', 'x')", &[]).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let made: i64 = admin.query_one("SELECT count(*) FROM pgticket.tickets WHERE queue = 'terminated'", &[]).unwrap().get(0);
+    assert_eq!(made, 0, "scopes made for terminated waiters");
+    c.stop();
+}
