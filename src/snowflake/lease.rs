@@ -174,10 +174,6 @@ impl Snapshot {
     }
 
     /// May machine id `id` be stamped at this reading of the clocks?
-    fn check(&self, id: u16, reading: ClockReading) -> Result<(), TicketError> {
-        reading.check(&self.reckoning).map_err(|refusal| Self::refused(id, refusal))
-    }
-
     /// A reading of the clocks checked for a stamp with machine id `id`
     /// (`ClockReading::checked`), with this backend's last boot reading.
     fn checked_reading(&self, id: u16) -> Result<ClockReading, TicketError> {
@@ -226,10 +222,14 @@ pub fn next_id(
     let issued = loop {
         attempts += 1;
         let first = before.checked_reading(id)?;
-        let clock = CheckedWall::starting_with(&SystemClock, first);
+        // Later readings (after a wait) are checked before they are stamped
+        // (#46 item 11: 0.4.0 checked them after, and a clock stepped
+        // forward during a wait entered the generator, holding every
+        // snowflake back for the step's length).
+        let clock = CheckedWall::starting_with(&SystemClock, first, before.reckoning);
         let issued = issue(&clock, id, before.reckoning.stamp_cap_ms);
-        if let Some(later) = clock.later_reading() {
-            before.check(id, later)?;
+        if let Some(refusal) = clock.refusal() {
+            return Err(Snapshot::refused(id, refusal));
         }
         match issued {
             Err(SnowflakeError::ClockBehind { .. }) if attempts == 1 => continue,

@@ -205,19 +205,17 @@ impl LeasedGenerator {
         // margin is refused as a step).
         let first = ClockReading::checked(&reckoning, held.last_boot_ms).map_err(refused)?;
         held.last_boot_ms = Some(first.boot_after_ms);
-        let clock = CheckedWall::starting_with(&WallClock, first);
+        // After a wait (a full millisecond, a clock step back) the stamp is
+        // a later reading, checked before it enters the state too: a
+        // process paused or a clock stepped meanwhile stamps nothing.
+        let clock = CheckedWall::starting_with(&WallClock, first, reckoning);
         // The generator never stamps past the cap (PastLease): it stamps the
         // first reading, or a later one after a wait.
         let id = match snowflake::next_id(&held.ids, &clock, &NoMark, grant.epoch_ms, grant.layout, machine_id, reckoning.stamp_cap_ms) {
             Err(SnowflakeError::PastLease { .. }) => return Err(ClientError::LeaseMayHaveEnded { machine_id }),
+            Err(SnowflakeError::ReadingRefused) => return Err(refused(clock.refusal().unwrap_or(StampRefusal::MayHaveEnded))),
             other => other?,
         };
-        // After a wait (a full millisecond, a clock step back) the stamp is
-        // a later reading, checked now: a process paused or a clock stepped
-        // meanwhile finds its lease may be over and drops the ID it made.
-        if let Some(later) = clock.later_reading() {
-            later.check(&reckoning).map_err(refused)?;
-        }
         held.last_stamp_ms = held.ids.last_millis().map(|ms| grant.epoch_ms + ms as i64);
         Ok((id, grant.lease))
     }

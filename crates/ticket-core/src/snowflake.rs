@@ -80,6 +80,10 @@ pub enum SnowflakeError {
     PastLease { stamp_cap_unix_ms: i64 },
     #[error("the snowflake IDs of {location} were made with {recorded}, but this server is set for {configured}: IDs of the two can collide; set it back")]
     OtherIdSpace { location: String, recorded: IdSpace, configured: IdSpace },
+    /// The clock's owner refused a reading before it entered the state
+    /// (`Clock::stamp_unix_ms`); it says why.
+    #[error("a clock reading was refused before it was stamped")]
+    ReadingRefused,
 }
 
 /// The split of an ID's 22 low bits between machine id and sequence
@@ -274,6 +278,13 @@ fn step_packed(last_state: u64, now_ms: u64, max_wait_ms: u64, shift: u32, max_s
 pub trait Clock {
     /// Milliseconds since 1970-01-01 UTC.
     fn now_unix_ms(&self) -> i64;
+    /// The reading a stamp is made of: `now_unix_ms`, unless the clock's
+    /// owner checks every reading before it enters the generator's state
+    /// (a leased stamp: the first reading and every one after a wait, #46
+    /// item 11); `Err` leaves the state untouched.
+    fn stamp_unix_ms(&self) -> Result<i64, SnowflakeError> {
+        Ok(self.now_unix_ms())
+    }
     /// Let about `millis` ms pass (0: just yield; the caller reads the clock
     /// again after). The server's also checks for interrupts here, so every
     /// wait of the generator can be cancelled.
@@ -628,7 +639,7 @@ pub fn next_id(
         // meanwhile (that looks like the clock going back). In this order
         // the clock is read after every issue it can see, so it is ahead.
         let last = shared.last.load(Ordering::Acquire);
-        let now_unix_ms = clock.now_unix_ms();
+        let now_unix_ms = clock.stamp_unix_ms()?;
         let since_epoch = now_unix_ms - epoch_unix_ms;
         if since_epoch < 0 {
             return Err(SnowflakeError::BeforeEpoch { now_ms: now_unix_ms, epoch_ms: epoch_unix_ms });
