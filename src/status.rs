@@ -12,11 +12,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::clock::{now_unix_ms, timestamptz_of_unix_ms as timestamp};
 use crate::errors::{postgres_errors_as_raised, TicketError};
 use crate::names::{Name, Text};
-use crate::state_tables;
-use ticket_core::rights::RightKind;
 use crate::refusals;
 use crate::settings::{self, MachineId};
 use crate::snowflake;
+use crate::state_tables;
+use ticket_core::rights::RightKind;
 use ticket_core::snowflake::MAX_TIMESTAMP_MS;
 
 const MS_PER_YEAR: f64 = 365.25 * 86_400_000.0;
@@ -153,18 +153,19 @@ fn marks_rows() -> TableIterator<
         let limit = if tables.has_limits { "max_mark" } else { "9223372036854775807::pg_catalog.int8" };
         let bytes = |column: &str| format!("pg_catalog.convert_to({column}, pg_catalog.getdatabaseencoding())");
         let mut sources = vec![
-            ("scoped_id", tables.scoped_counters, format!("SELECT {}, {}, mark, {limit} FROM pgticket.scoped_counters", bytes("queue"), bytes("domain"))),
-            ("block", tables.blocks, format!("SELECT {}, NULL::pg_catalog.bytea, mark, {limit} FROM pgticket.blocks", bytes("name"))),
+            ("scoped_id", RightKind::Scope, tables.scoped_counters, format!("SELECT {}, {}, mark, {limit} FROM pgticket.scoped_counters", bytes("queue"), bytes("domain"))),
+            ("block", RightKind::Block, tables.blocks, format!("SELECT {}, NULL::pg_catalog.bytea, mark, {limit} FROM pgticket.blocks", bytes("name"))),
         ];
         if let Some(tickets) = tables.tickets {
             sources.push((
                 "ticket",
+                RightKind::Scope,
                 tickets,
                 format!("SELECT {}, {}, mark, 9223372036854775807::pg_catalog.int8 FROM pgticket.tickets", bytes("queue"), bytes("domain")),
             ));
         }
         let mut rows = Vec::new();
-        for (kind, table, sql) in sources {
+        for (kind, right, table, sql) in sources {
             let read: Vec<(Vec<u8>, Option<Vec<u8>>, i64, i64)> = state_tables::as_owner_of(table, || {
                 Spi::connect(|client| {
                     client
@@ -175,15 +176,14 @@ fn marks_rows() -> TableIterator<
             })
             .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot read the marks: {e}"));
             for (a, b, mark, max_mark) in read {
-                let right = if kind == "block" { RightKind::Block } else { RightKind::Scope };
                 let domain = b.as_deref().unwrap_or(b"");
                 if crate::rights::check(right, Name(&a), Name(domain), String::new).is_err() {
                     continue;
                 }
                 let remaining = max_mark.saturating_sub(mark);
-                rows.push(match kind {
-                    "block" => (kind.to_string(), None, None, Some(Text(a)), mark, remaining, max_mark),
-                    _ => (kind.to_string(), Some(Text(a)), b.map(Text), None, mark, remaining, max_mark),
+                rows.push(match right {
+                    RightKind::Block => (kind.to_string(), None, None, Some(Text(a)), mark, remaining, max_mark),
+                    RightKind::Scope => (kind.to_string(), Some(Text(a)), b.map(Text), None, mark, remaining, max_mark),
                 });
             }
         }

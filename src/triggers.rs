@@ -352,7 +352,8 @@ impl IdType {
 trait Allocator {
     fn next(&self, queue: Name<'_>, domain: Name<'_>) -> i64;
     fn claim(&self, queue: Name<'_>, domain: Name<'_>, value: i64);
-    /// The admin function a claim stands for, and what the scope is called.
+    /// The admin function a claim stands for (in `pgticket`), and what the
+    /// scope is called.
     fn advance(&self) -> (&'static str, &'static str);
 }
 
@@ -371,16 +372,16 @@ fn require_advance_right(allocator: &dyn Allocator, function: &'static str, queu
                 AND d.objid OPERATOR(pg_catalog.=) p.oid AND d.deptype OPERATOR(pg_catalog.=) 'e' \
            JOIN pg_catalog.pg_extension e ON e.oid OPERATOR(pg_catalog.=) d.refobjid AND e.extname OPERATOR(pg_catalog.=) 'pg_ticket' \
           WHERE p.proname OPERATOR(pg_catalog.=) $1 AND p.pronargs OPERATOR(pg_catalog.=) 3::pg_catalog.int2",
-        &[admin.into()],
+        &[admin.trim_start_matches("pgticket.").into()],
     )
-    .unwrap_or_else(|e| pgrx::error!("pg_ticket: {function}(): cannot look up pgticket.{admin}(): {e}"))
+    .unwrap_or_else(|e| pgrx::error!("pg_ticket: {function}(): cannot look up {admin}(): {e}"))
     .unwrap_or(false);
     if !allowed {
         TicketError::NoAdvanceRight {
             scope: crate::names::label(what, queue, Some(domain)),
             role: crate::quota::role_name(crate::xact::current_user()),
             function,
-            admin: if admin == "advance_ticket" { "pgticket.advance_ticket" } else { "pgticket.advance_scoped_id" },
+            admin,
         }
         .raise();
     }
@@ -390,7 +391,7 @@ struct ScopedIds;
 
 impl Allocator for ScopedIds {
     fn advance(&self) -> (&'static str, &'static str) {
-        ("advance_scoped_id", "scope")
+        ("pgticket.advance_scoped_id", "scope")
     }
 
     fn next(&self, queue: Name<'_>, domain: Name<'_>) -> i64 {
@@ -406,7 +407,7 @@ struct Tickets;
 
 impl Allocator for Tickets {
     fn advance(&self) -> (&'static str, &'static str) {
-        ("advance_ticket", "ticket scope")
+        ("pgticket.advance_ticket", "ticket scope")
     }
 
     fn next(&self, queue: Name<'_>, domain: Name<'_>) -> i64 {

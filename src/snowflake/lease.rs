@@ -173,7 +173,6 @@ impl Snapshot {
         Ok(id)
     }
 
-    /// May machine id `id` be stamped at this reading of the clocks?
     /// A reading of the clocks checked for a stamp with machine id `id`
     /// (`ClockReading::checked`), with this backend's last boot reading.
     fn checked_reading(&self, id: u16) -> Result<ClockReading, TicketError> {

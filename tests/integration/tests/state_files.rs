@@ -172,6 +172,58 @@ fn an_old_base_backup_started_in_a_servers_place_holds_its_accepted_shards() {
     b.stop();
 }
 
+/// A server in /tmp/pgt-NAME archiving its WAL into /tmp/pgt-NAME-archive
+/// (returned), with `conf`.
+fn archiving_primary(name: &str, port: u16, conf: &[&str]) -> (Cluster, std::path::PathBuf) {
+    let archive = std::path::PathBuf::from(format!("/tmp/pgt-{name}-archive"));
+    owned_dir(&archive);
+    let archiving = format!("archive_command = 'cp %p {}/%f'", archive.display());
+    let mut lines = conf.to_vec();
+    lines.extend(["archive_mode = on", &archiving]);
+    (Cluster::start(name, port, &lines), archive)
+}
+
+/// A base backup of `of` in /tmp/pgt-NAME/data, its WAL left to the archive.
+fn base_backup_without_wal(of: &Cluster, name: &str) -> std::path::PathBuf {
+    let copy_dir = std::path::PathBuf::from(format!("/tmp/pgt-{name}"));
+    owned_dir(&copy_dir);
+    let data = copy_dir.join("data");
+    pg_tool("pg_basebackup", &["-D", data.to_str().unwrap(), "-c", "fast", "-X", "none", "-h", of.dir.to_str().unwrap(), "-p", &of.port.to_string(), "-U", "postgres"]);
+    copy_dir
+}
+
+/// A restore point `name`, its WAL switched out and archived.
+fn archive_up_to_a_restore_point(db: &mut Client, name: &str) {
+    db.batch_execute(&format!("SELECT pg_create_restore_point('{name}'); SELECT pg_switch_wal()")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !db
+        .query_one("SELECT last_archived_wal IS NOT NULL AND failed_count = 0 AND archived_count >= 2 FROM pg_stat_archiver", &[])
+        .unwrap()
+        .get::<_, bool>(0)
+    {
+        assert!(Instant::now() < deadline, "WAL was not archived");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The backup in `copy_dir` started on `port` as a recovery from `archive`
+/// with `signal` (recovery.signal, standby.signal) and `recovery` lines.
+fn recovery_of(copy_dir: &std::path::Path, port: u16, archive: &std::path::Path, signal: &str, recovery: &str) -> Cluster {
+    let data = copy_dir.join("data");
+    let mut f = std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).unwrap();
+    let lines = format!(
+        "port = {port}\nunix_socket_directories = '{}'\narchive_mode = off\nrestore_command = 'cp {}/%f %p'\n{recovery}",
+        copy_dir.display(),
+        archive.display()
+    );
+    std::io::Write::write_all(&mut f, lines.as_bytes()).unwrap();
+    std::fs::write(data.join(signal), "").unwrap();
+    let _ = std::process::Command::new("chown").args(["postgres:", data.join(signal).to_str().unwrap()]).status();
+    let copy = Cluster::attach(copy_dir, port);
+    copy.up(None);
+    copy
+}
+
 /// The pids of the running server's processes whose title has `what`.
 fn server_processes(c: &Cluster, what: &str) -> Vec<String> {
     let pid = std::fs::read_to_string(c.data_dir().join("postmaster.pid")).unwrap().lines().next().unwrap().trim().to_string();
@@ -190,45 +242,19 @@ fn server_processes(c: &Cluster, what: &str) -> Vec<String> {
 /// crash surely comes before its checkpoint.
 #[test]
 fn a_promoted_point_in_time_recovery_keeps_its_shard_hold_through_a_crash() {
-    let archive = std::path::PathBuf::from("/tmp/pgt-pitr-archive");
-    owned_dir(&archive);
-    let archiving = format!("archive_command = 'cp %p {}/%f'", archive.display());
-    let a = Cluster::start("pitr-a", 55607, &["pg_ticket.shards = '4'", "pg_ticket.machine_id = 3", "archive_mode = on", &archiving]);
-    let copy_dir = std::path::PathBuf::from("/tmp/pgt-pitr-copy");
-    owned_dir(&copy_dir);
-    let data = copy_dir.join("data");
-    let port = a.port.to_string();
-    pg_tool("pg_basebackup", &["-D", data.to_str().unwrap(), "-c", "fast", "-X", "none", "-h", a.dir.to_str().unwrap(), "-p", &port, "-U", "postgres"]);
+    let (a, archive) = archiving_primary("pitr-a", 55607, &["pg_ticket.shards = '4'", "pg_ticket.machine_id = 3"]);
+    let copy_dir = base_backup_without_wal(&a, "pitr-copy");
     // After the backup: the shard accepted and issued, in WAL only.
     let mut on_a = a.connect();
     on_a.query_one("SELECT pgticket.accept_shard(4, 0)", &[]).unwrap();
     on_a.query_one("SELECT max(sharded_id(4)) FROM generate_series(1, 1000)", &[]).unwrap();
-    on_a.batch_execute("SELECT pg_create_restore_point('pitr'); SELECT pg_switch_wal(); CHECKPOINT").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while on_a.query_one("SELECT last_archived_wal IS NOT NULL AND failed_count = 0 AND archived_count >= 2 FROM pg_stat_archiver", &[]).unwrap().get::<_, bool>(0) == false {
-        assert!(Instant::now() < deadline, "WAL was not archived");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    archive_up_to_a_restore_point(&mut on_a, "pitr");
+    on_a.batch_execute("CHECKPOINT").unwrap();
     drop(on_a);
     a.stop();
 
     // The recovery, paused at the restore point, then promoted by hand.
-    let mut f = std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).unwrap();
-    std::io::Write::write_all(
-        &mut f,
-        format!(
-            "port = 55608\nunix_socket_directories = '{}'\narchive_mode = off\nrestore_command = 'cp {}/%f %p'\n\
-             recovery_target_name = 'pitr'\nrecovery_target_action = 'pause'\ncheckpoint_timeout = '1h'\n",
-            copy_dir.display(),
-            archive.display()
-        )
-        .as_bytes(),
-    )
-    .unwrap();
-    std::fs::write(data.join("recovery.signal"), "").unwrap();
-    let _ = std::process::Command::new("chown").args(["postgres:", data.join("recovery.signal").to_str().unwrap()]).status();
-    let copy = Cluster::attach(&copy_dir, 55608);
-    copy.up(None);
+    let copy = recovery_of(&copy_dir, 55608, &archive, "recovery.signal", "recovery_target_name = 'pitr'\nrecovery_target_action = 'pause'\ncheckpoint_timeout = '1h'\n");
     let mut db = copy.connect_when_ready();
     let deadline = Instant::now() + Duration::from_secs(60);
     while db.query_one("SELECT pg_get_wal_replay_pause_state()", &[]).unwrap().get::<_, String>(0) != "paused" {
@@ -288,41 +314,15 @@ fn wait_stopped_by_kill(c: &Cluster) {
 /// point-in-time recovery whatever the signal file: held.
 #[test]
 fn a_point_in_time_recovery_in_standby_mode_is_held() {
-    let archive = std::path::PathBuf::from("/tmp/pgt-pitr2-archive");
-    owned_dir(&archive);
-    let archiving = format!("archive_command = 'cp %p {}/%f'", archive.display());
-    let a = Cluster::start("pitr2-a", 55609, &["pg_ticket.shards = '5'", "pg_ticket.machine_id = 4", "archive_mode = on", &archiving]);
+    let (a, archive) = archiving_primary("pitr2-a", 55609, &["pg_ticket.shards = '5'", "pg_ticket.machine_id = 4"]);
     let mut on_a = a.connect();
     on_a.query_one("SELECT pgticket.accept_shard(5, 0)", &[]).unwrap();
-    let copy_dir = std::path::PathBuf::from("/tmp/pgt-pitr2-copy");
-    owned_dir(&copy_dir);
-    let data = copy_dir.join("data");
-    pg_tool("pg_basebackup", &["-D", data.to_str().unwrap(), "-c", "fast", "-X", "none", "-h", a.dir.to_str().unwrap(), "-p", &a.port.to_string(), "-U", "postgres"]);
+    let copy_dir = base_backup_without_wal(&a, "pitr2-copy");
     on_a.query_one("SELECT max(sharded_id(5)) FROM generate_series(1, 100)", &[]).unwrap();
-    on_a.batch_execute("SELECT pg_create_restore_point('pitr2'); SELECT pg_switch_wal()").unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !on_a.query_one("SELECT archived_count >= 2 AND failed_count = 0 FROM pg_stat_archiver", &[]).unwrap().get::<_, bool>(0) {
-        assert!(Instant::now() < deadline, "WAL was not archived");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    archive_up_to_a_restore_point(&mut on_a, "pitr2");
     drop(on_a);
     a.stop();
-    let mut f = std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).unwrap();
-    std::io::Write::write_all(
-        &mut f,
-        format!(
-            "port = 55613\nunix_socket_directories = '{}'\narchive_mode = off\nrestore_command = 'cp {}/%f %p'\n\
-             recovery_target_name = 'pitr2'\nrecovery_target_action = 'promote'\n",
-            copy_dir.display(),
-            archive.display()
-        )
-        .as_bytes(),
-    )
-    .unwrap();
-    std::fs::write(data.join("standby.signal"), "").unwrap();
-    let _ = std::process::Command::new("chown").args(["postgres:", data.join("standby.signal").to_str().unwrap()]).status();
-    let copy = Cluster::attach(&copy_dir, 55613);
-    copy.up(None);
+    let copy = recovery_of(&copy_dir, 55613, &archive, "standby.signal", "recovery_target_name = 'pitr2'\nrecovery_target_action = 'promote'\n");
     let mut db = copy.connect_when_ready();
     let deadline = Instant::now() + Duration::from_secs(60);
     while db.query_one("SELECT pg_is_in_recovery()", &[]).unwrap().get::<_, bool>(0) {
