@@ -29,3 +29,15 @@ pub fn unix_ms_of_timestamptz(at: TimestampWithTimeZone) -> i64 {
     let micros_since_2000: i64 = at.into_inner();
     micros_since_2000.div_euclid(1000) + PG_EPOCH_UNIX_MS
 }
+
+/// When the postmaster started (Unix ms).
+pub fn postmaster_start_ms() -> i64 {
+    unix_ms_of_timestamptz(TimestampWithTimeZone::try_from(unsafe { pgrx::pg_sys::PgStartTime }).expect("a start time"))
+}
+
+/// When this timeline began: its history file is written at promotion (or
+/// at the end of an archive recovery). Timeline 1 has none.
+pub fn timeline_start_ms(timeline: i32) -> Option<i64> {
+    let modified = std::fs::metadata(format!("pg_wal/{timeline:08X}.history")).ok()?.modified().ok()?;
+    Some(modified.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as i64)
+}

@@ -245,6 +245,9 @@ impl TicketError {
             TicketError::Lease(LeaseError::OwnIdLeasedOut { .. }) => Some(
                 "Wait until the time named, or set pg_ticket.machine_id to an id outside pg_ticket.lease_ids and restart the server; pgticket.machine_ids shows the lease.",
             ),
+            TicketError::Lease(LeaseError::OwnIdInLedger { .. } | LeaseError::OwnIdLeasable { .. }) => Some(
+                "Give every server that stamps a fixed pg_ticket.machine_id, primaries and standbys alike, an id outside the pg_ticket.lease_ids of every registry of its timeline, and restart it; the lease ledger pg_ticket_leases.ledger in the data directory shows what was recorded.",
+            ),
             TicketError::Sharded(ShardError::Book(_)) => Some(
                 "The shard book pg_ticket_shards.book in the data directory says which shards this server accepted and released. A damaged one: stop the server and restore the file from a backup or the server's WAL (a standby's copy), or remove it and pgticket.accept_shard() each shard again above its last ID.",
             ),

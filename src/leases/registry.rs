@@ -42,7 +42,7 @@ use std::collections::HashMap;
 use crate::backend_local::BackendLocal;
 use crate::errors::TicketError;
 use crate::names::Name;
-use crate::clock::{now_unix_ms, timestamptz_or_error, unix_ms_of_timestamptz};
+use crate::clock::{now_unix_ms, postmaster_start_ms, timeline_start_ms, timestamptz_or_error, unix_ms_of_timestamptz};
 use crate::{settings, xact};
 use ticket_core::leases::{self, CurrentLease, Grant, LastLease, LeaseError, SecretCheck};
 
@@ -91,17 +91,6 @@ fn ms(t: Option<TimestampWithTimeZone>) -> Option<i64> {
     t.map(unix_ms_of_timestamptz)
 }
 
-fn postmaster_start_ms() -> i64 {
-    unix_ms_of_timestamptz(TimestampWithTimeZone::try_from(unsafe { pg_sys::PgStartTime }).expect("a start time"))
-}
-
-/// When this timeline began: its history file is written at promotion (or
-/// at the end of an archive recovery). Timeline 1 has none.
-fn timeline_start_ms(timeline: i32) -> Option<i64> {
-    let modified = std::fs::metadata(format!("pg_wal/{timeline:08X}.history")).ok()?.modified().ok()?;
-    Some(modified.duration_since(std::time::UNIX_EPOCH).ok()?.as_millis() as i64)
-}
-
 const SEEN: &str = "'pgticket.lease_registry_seen'::pg_catalog.regclass";
 
 /// When this registry started serving in its present state: the first call
@@ -144,8 +133,12 @@ fn serving(client: &mut SpiClient<'_>, me: Identity) -> Result<Serving, SpiError
         latest_row_ms = latest_row_ms.max(ms(row.get::<TimestampWithTimeZone>(7)?).unwrap_or(i64::MAX));
     }
     let (ttl_now, margin_now) = (settings::lease_max_ttl_ms(), settings::lease_margin_ms());
-    let max_ttl_ms = rows.iter().map(|r| r.1).fold(ttl_now, i64::max);
-    let margin_ms = rows.iter().map(|r| r.2).fold(margin_now, i64::max);
+    // And what the server's lease ledger recorded: a primary's settings
+    // reach its standbys there, though they were raised by ALTER SYSTEM
+    // and the row that recorded them was lost at the failover (#46 item 6 c).
+    let (ledger_ttl, ledger_margin) = crate::snowflake::ledger::longest_ttl_and_margin().unwrap_or_else(|e| e.raise());
+    let max_ttl_ms = rows.iter().map(|r| r.1).fold(ttl_now.max(ledger_ttl), i64::max);
+    let margin_ms = rows.iter().map(|r| r.2).fold(margin_now.max(ledger_margin), i64::max);
     let record_settings = rows.iter().any(|r| r.1 < ttl_now || r.2 < margin_now);
     // A token sequence behind the tokens in the table was restored (a
     // data-only restore puts back an older sequence even when its rows
@@ -427,6 +420,11 @@ pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
         .map(|(c, l, _)| (c.machine_id, l))
         .collect();
         let own = settings::own_snowflake_machine_id();
+        // In the server's ledger before any grant: which ids, how long.
+        let leasable: Vec<u16> = allowed.iter().copied().filter(|id| Some(*id) != own).collect();
+        if let Err(e) = crate::snowflake::ledger::record_registry(settings::lease_max_ttl_ms(), margin_ms, &leasable) {
+            return Ok(Err(e));
+        }
         let available = leases::availability(&allowed, own, |id| rows.get(&id).copied(), now_ms, margin_ms);
         let secret = new_secret();
         for id in available.free {
@@ -492,6 +490,9 @@ pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
                 continue;
             }
             let lease = granted.first().get_one::<i64>()?.expect("a granted lease has a token");
+            if let Err(e) = crate::snowflake::ledger::record_lease(id, leased_at_ms + ttl_ms + margin_ms, ttl_ms) {
+                return Ok(Err(e));
+            }
             return Ok(Ok(Grant {
                 machine_id: id,
                 lease,
@@ -532,6 +533,9 @@ pub fn renew(machine_id: u16, lease: i64, secret: u128, ttl_ms: i64, last_issued
         // Stamps issued by now (not the new expiry: #31 item 6).
         if let Err(e) = leases::check_last_issued(lease, last_issued_ms, now_ms, margin_ms) {
             return Ok(Err(e.into()));
+        }
+        if let Err(e) = crate::snowflake::ledger::record_lease(machine_id, expires_at_ms + margin_ms, ttl_ms) {
+            return Ok(Err(e));
         }
         client.update(
             "UPDATE pgticket.machine_id_leases SET expires_at = $2, margin_ms = $4, \

@@ -12,6 +12,8 @@
 //!   and mark.
 //! - `history`: which servers' IDs the mark stands for; a database whose
 //!   IDs it does not cover is refused (`pg_upgrade`, restores: SPEC §17.1).
+//! - `ledger`: which ids this server's registries (any database) leased
+//!   out, carried in WAL; a fixed id is checked against it (§17.4).
 //! - `start`: what a start is (new cluster of `pg_upgrade`, its old one, a
 //!   restored copy, an ordinary restart), decided once at preload (§20.4).
 //!
@@ -33,6 +35,7 @@ use ticket_core::snowflake::{self as layout, Clock, SharedState};
 
 mod history;
 mod lease;
+pub mod ledger;
 mod shards;
 mod space;
 mod wal;
@@ -75,6 +78,7 @@ pub fn init_shared_memory() {
     pg_shmem_init!(MARK_STANDBY_WAIT);
     history::init_shared_memory();
     lease::init_shared_memory();
+    ledger::init_shared_memory();
     shards::init_shared_memory();
 }
 
@@ -244,6 +248,7 @@ pub fn next_id(own_id_unleased: impl FnOnce(u16) -> Result<(), TicketError>) -> 
     history::check().or_raise();
     let issued: Result<i64, TicketError> = match settings::machine_id() {
         MachineId::Fixed(id) => {
+            ledger::check_own_id(id).or_raise();
             own_id_unleased(id).or_raise();
             issue(&SystemClock, id, i64::MAX).map_err(TicketError::from)
         }

@@ -30,6 +30,17 @@
 //!   (`backup_label` or `recovery.signal`; `standby.signal` with a recovery
 //!   target is a point-in-time recovery too), or a server pg_upgrade read:
 //!   held (`history`, `wal`).
+//! - A base backup whose first start went by without pg_ticket preloaded
+//!   (a configuration outside the data directory, as on Debian; #46 item
+//!   8): its `backup_label` was renamed `backup_label.old` unseen. Every
+//!   preloaded start records the backup it began from (the label's start
+//!   location and time) in `pg_ticket_backups.seen`, which a base backup
+//!   copies with the rest; a later start that finds a `backup_label.old`
+//!   of a backup not recorded there is held as a restored start. A
+//!   standby's first start is preloaded (it replays pg_ticket's WAL), so a
+//!   promoted standby's label is recorded. A data directory with no such
+//!   file never had a preloaded 0.5.0 start (a server of 0.4.0, a backup
+//!   of one): its label is taken as seen, as 0.4.0 took it.
 //! - Anything else (a clean or crash restart, a standby): nothing to do.
 //!
 //! Touches: the marker files and, at an upgrade's new cluster, the mark and
@@ -45,6 +56,43 @@ const PG_UPGRADE_OUTPUT: &str = "pg_upgrade_output.d";
 const SET_ASIDE: &str = ".before-pg_upgrade";
 /// Left in pg_upgrade's old cluster: its next start as a server is held.
 const READ_BY_PG_UPGRADE: &str = "pg_ticket_read_by_pg_upgrade";
+
+/// The backups this data directory's preloaded starts began from.
+const BACKUPS_SEEN: &str = "pg_ticket_backups.seen";
+
+/// A backup label's identity: its start location and time (the same for
+/// `backup_label` and, once recovery ended, `backup_label.old`).
+fn label_of(file: &str) -> Result<Option<String>, String> {
+    let text = match std::fs::read_to_string(file) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read {file}: {e}")),
+    };
+    let lines: Vec<&str> = text.lines().filter(|l| l.starts_with("START WAL LOCATION:") || l.starts_with("START TIME:")).collect();
+    Ok(Some(lines.join(" / ")))
+}
+
+/// The labels recorded, or None where the file never was.
+fn backups_seen() -> Result<Option<Vec<String>>, String> {
+    match std::fs::read_to_string(BACKUPS_SEEN) {
+        Ok(text) => Ok(Some(text.lines().skip(1).map(str::to_string).collect())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("cannot read {BACKUPS_SEEN}: {e}")),
+    }
+}
+
+/// Records the label this start began from (and makes the file, so that a
+/// base backup of this server carries it).
+fn record_backup_seen(seen: &Option<Vec<String>>, label: Option<String>) -> Result<(), String> {
+    let mut labels = seen.clone().unwrap_or_default();
+    match label {
+        Some(label) if !labels.contains(&label) => labels.push(label),
+        _ if seen.is_some() => return Ok(()),
+        _ => {}
+    }
+    let text = format!("backups this data directory's preloaded starts began from (pg_ticket)\n{}\n", labels.join("\n"));
+    ticket_core::snowflake::write_atomically(Path::new(BACKUPS_SEEN), &text)
+}
 
 /// The recovery target settings: any set makes a recovery a point-in-time
 /// one, in standby mode too.
@@ -65,39 +113,59 @@ enum Start {
     /// pg_upgrade's old cluster, started in binary-upgrade mode to be read.
     UpgradeSource,
     /// A base backup or a point-in-time recovery, not a standby; or a
-    /// server pg_upgrade read.
+    /// server pg_upgrade read; or a base backup first started unseen.
     Restored,
     /// A clean or crash restart, a standby.
     Ordinary,
 }
 
-/// The kind of this start.
-fn classify() -> Start {
+/// The kind of this start, and the backup label it began from (to record).
+fn classify() -> Result<(Start, Option<String>), String> {
     let exists = |name: &str| Path::new(name).exists();
     if unsafe { pgrx::pg_sys::IsBinaryUpgrade } {
         let durability_off = unsafe { !pgrx::pg_sys::enableFsync && !pgrx::pg_sys::fullPageWrites };
-        return if durability_off && exists(PG_UPGRADE_OUTPUT) { Start::UpgradeTarget } else { Start::UpgradeSource };
+        return Ok((if durability_off && exists(PG_UPGRADE_OUTPUT) { Start::UpgradeTarget } else { Start::UpgradeSource }, None));
     }
     let recovering_to_a_point = exists("recovery.signal") || (exists("standby.signal") && recovery_target_set());
     let copy = (exists("backup_label") && !exists("standby.signal")) || recovering_to_a_point;
-    if copy || exists(READ_BY_PG_UPGRADE) {
-        return Start::Restored;
+    if let Some(label) = label_of("backup_label")? {
+        let start = if copy || exists(READ_BY_PG_UPGRADE) { Start::Restored } else { Start::Ordinary };
+        return Ok((start, Some(label)));
     }
-    Start::Ordinary
+    let old_label = label_of("backup_label.old")?;
+    let unseen = match (&old_label, backups_seen()?) {
+        (Some(label), Some(seen)) => !seen.contains(label),
+        _ => false,
+    };
+    if copy || exists(READ_BY_PG_UPGRADE) || unseen {
+        return Ok((Start::Restored, old_label));
+    }
+    Ok((Start::Ordinary, old_label))
 }
 
 /// At preload (or a binary-upgrade `LOAD`): what this start must do before
 /// anything is served. An error stops the start.
 pub fn at_start() {
-    let outcome = match classify() {
+    if let Err(e) = classify_and_act() {
+        pgrx::error!("pg_ticket: {e}");
+    }
+}
+
+fn classify_and_act() -> Result<(), String> {
+    let (start, label) = classify()?;
+    let outcome = match start {
         Start::UpgradeTarget => set_aside_own_state().and_then(|()| history::mark_an_upgrade_start()),
         Start::UpgradeSource => refuse_an_upgrade_that_would_drop_a_hold().and_then(|()| mark_as_read_by_pg_upgrade()),
         Start::Restored => wal::hold_a_restored_start().and_then(|()| history::hold_after_a_restored_start()).and_then(|()| forget_the_upgrade_read()),
         Start::Ordinary => Ok(()),
     };
-    if let Err(e) = outcome {
-        pgrx::error!("pg_ticket: {e}");
+    outcome?;
+    // After the hold is in place: a start that fails before it records
+    // nothing, and is held again at the next.
+    if !unsafe { pgrx::pg_sys::IsBinaryUpgrade } {
+        record_backup_seen(&backups_seen()?, label)?;
     }
+    Ok(())
 }
 
 /// The new cluster's own mark and book (made before the upgrade) are not

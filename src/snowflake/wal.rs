@@ -27,9 +27,13 @@
 //! primary stays released on a promoted standby, and one accepted there is
 //! accepted there too.
 //!
-//! Touches: WAL (insert, flush, sync-rep wait), the mark file and the shard
-//! book file. Runs in the backend that moves the mark or changes the book
-//! (holding the generator's `busy` flag, no LWLock) and, on replay, in the
+//! And the lease ledger (`ledger`, `XLOG_LEDGER`): which ids this server's
+//! registries leased out, and their longest ttl, replayed the same way.
+//!
+//! Touches: WAL (insert, flush, sync-rep wait), the mark file, the shard
+//! book file and the ledger file. Runs in the backend that moves the mark
+//! or changes the book (holding the generator's `busy` flag, no LWLock) or
+//! writes the ledger (holding its lock, `ledger`) and, on replay, in the
 //! startup process.
 
 use pgrx::pg_sys;
@@ -53,6 +57,8 @@ const RECORD_LEN: usize = 20;
 /// kind u8, P (a sharded state, `ms << 10 | sequence`) u64 LE.
 const XLOG_SHARD: u8 = 0x10;
 const SHARD_RECORD_LEN: usize = 11;
+/// A line of the lease ledger (`ledger`), its text as in the file.
+const XLOG_LEDGER: u8 = 0x20;
 
 static mut RMGR: pg_sys::RmgrData = pg_sys::RmgrData {
     rm_name: RMGR_NAME.as_ptr(),
@@ -122,30 +128,41 @@ struct NotReplicated;
 /// never during recovery.
 fn logged_write(info: u8, bytes: &[u8], what: &str, write_file: impl FnOnce() -> Result<(), String>) -> Result<(), NotReplicated> {
     let _writing = super::MarkWriter::enter();
-    let lsn = {
-        let _no_checkpoint = DelayCheckpointStart::new();
-        let lsn = unsafe {
-            pg_sys::XLogBeginInsert();
-            pg_sys::XLogRegisterData(bytes.as_ptr() as _, bytes.len() as _);
-            let lsn = pg_sys::XLogInsert(RMGR_ID, info);
-            pg_sys::XLogFlush(lsn);
-            lsn
-        };
-        if let Err(e) = write_file() {
-            pgrx::ereport!(
-                PANIC,
-                PgSqlErrorCode::ERRCODE_IO_ERROR,
-                format!("pg_ticket: {what} is in WAL but its file could not be written: {e}"),
-                "The server stops so that the record is not forgotten: crash recovery writes the file from WAL once the data directory is writable (free space, permissions)."
-            );
-        }
-        lsn
-    };
+    let lsn = logged_write_unwaited(info, bytes, what, write_file);
     let _waiting = super::StandbyWaiting::begin();
     if !crate::xact::wait_for_synchronous_standbys(lsn) {
         return Err(NotReplicated);
     }
     Ok(())
+}
+
+/// A line of the lease ledger: in WAL, then in the file (as `logged_write`,
+/// by a caller holding the ledger's lock rather than the generator's
+/// writer flag, who waits for the synchronous standbys once it let go).
+pub fn logged_ledger_write(line: &str, write_file: impl FnOnce() -> Result<(), String>) -> pg_sys::XLogRecPtr {
+    logged_write_unwaited(XLOG_LEDGER, line.as_bytes(), &format!("the lease ledger's line {line:?}"), write_file)
+}
+
+/// The record and the file write of `logged_write`, with checkpoints held
+/// off between them; the record's position.
+fn logged_write_unwaited(info: u8, bytes: &[u8], what: &str, write_file: impl FnOnce() -> Result<(), String>) -> pg_sys::XLogRecPtr {
+    let _no_checkpoint = DelayCheckpointStart::new();
+    let lsn = unsafe {
+        pg_sys::XLogBeginInsert();
+        pg_sys::XLogRegisterData(bytes.as_ptr() as _, bytes.len() as _);
+        let lsn = pg_sys::XLogInsert(RMGR_ID, info);
+        pg_sys::XLogFlush(lsn);
+        lsn
+    };
+    if let Err(e) = write_file() {
+        pgrx::ereport!(
+            PANIC,
+            PgSqlErrorCode::ERRCODE_IO_ERROR,
+            format!("pg_ticket: {what} is in WAL but its file could not be written: {e}"),
+            "The server stops so that the record is not forgotten: crash recovery writes the file from WAL once the data directory is writable (free space, permissions)."
+        );
+    }
+    lsn
 }
 
 /// The shard book file, with every change written to WAL first.
@@ -319,6 +336,13 @@ fn record_mark(record: *mut pg_sys::XLogReaderState) -> Option<(i64, IdSpace)> {
 /// A damaged file is replaced: the record is the primary's word.
 #[pg_guard]
 unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
+    if record_info(record) == XLOG_LEDGER {
+        let line = std::str::from_utf8(record_data(record)).unwrap_or_default();
+        if let Err(e) = super::ledger::replay(line) {
+            pgrx::error!("pg_ticket: cannot replay the lease ledger's line {line:?}: {e}");
+        }
+        return;
+    }
     if record_info(record) == XLOG_SHARD {
         let Some((shard, standing)) = record_shard(record) else {
             pgrx::error!("pg_ticket: a shard book WAL record of the wrong form");
@@ -350,7 +374,9 @@ unsafe extern "C-unwind" fn redo(record: *mut pg_sys::XLogReaderState) {
 /// For pg_waldump and pg_walinspect.
 #[pg_guard]
 unsafe extern "C-unwind" fn desc(buf: pg_sys::StringInfo, record: *mut pg_sys::XLogReaderState) {
-    let text = if record_info(record) == XLOG_SHARD {
+    let text = if record_info(record) == XLOG_LEDGER {
+        format!("lease ledger: {}", String::from_utf8_lossy(record_data(record)))
+    } else if record_info(record) == XLOG_SHARD {
         match record_shard(record) {
             Some((shard, Standing::Accepted(p))) => format!("shard {shard} accepted above ms {} sequence {}", p >> 10, p & 1023),
             Some((shard, Standing::Released(p))) => format!("shard {shard} released at ms {} sequence {}", p >> 10, p & 1023),
@@ -372,6 +398,7 @@ unsafe extern "C-unwind" fn identify(info: u8) -> *const std::ffi::c_char {
     match info & !pg_sys::XLR_INFO_MASK as u8 {
         XLOG_MARK => c"MARK".as_ptr(),
         XLOG_SHARD => c"SHARD".as_ptr(),
+        XLOG_LEDGER => c"LEDGER".as_ptr(),
         _ => std::ptr::null(),
     }
 }

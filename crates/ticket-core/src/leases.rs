@@ -49,6 +49,15 @@ pub enum LeaseError {
     /// leased out by its registry (no token named: the caller may be any role).
     #[error("this server stamps machine id {machine_id} (pg_ticket.machine_id), which this database's lease registry has leased out until {}: snowflake_id() is refused until then (renewals of that lease are refused, so its holder stops)", crate::epoch::format_unix_ms(*.free_from_ms))]
     OwnIdLeasedOut { machine_id: u16, free_from_ms: i64 },
+    /// The same, from the server's lease ledger (`ledger`): a registry in
+    /// any database of this server, or of the primary it followed, leased
+    /// the id out (#46 item 6).
+    #[error("this server stamps machine id {machine_id} (pg_ticket.machine_id), which a lease registry of this server (in any of its databases) or of the primary it followed as a standby leased out until {}: snowflake_id() is refused until then", crate::epoch::format_unix_ms(*.until_ms))]
+    OwnIdInLedger { machine_id: u16, until_ms: i64 },
+    /// The id is among those such a registry may lease: after a start or a
+    /// promotion, a grant of it lost in flight may be live (#46 item 6 b).
+    #[error("this server stamps machine id {machine_id} (pg_ticket.machine_id), which is among the ids a lease registry of this server or of the primary it followed may lease (pg_ticket.lease_ids): after a start or a promotion, snowflake_id() is refused until {} (the longest pg_ticket.lease_max_ttl plus pg_ticket.lease_margin), when no lease of it granted before can be live", crate::epoch::format_unix_ms(*.until_ms))]
+    OwnIdLeasable { machine_id: u16, until_ms: i64 },
     #[error("this registry started (a restart, a restore, a promotion, a copy, or CREATE EXTENSION) and may have forgotten leases an earlier life of it granted: it grants again from {} (in {}: the longest pg_ticket.lease_max_ttl it allowed plus pg_ticket.lease_margin, after it started serving); renewals go on", crate::epoch::format_unix_ms(*.from_ms), crate::epoch::format_duration_ms(*.wait_ms))]
     HoldOff { from_ms: i64, wait_ms: i64 },
     #[error("no machine id is free: {held} held, {cooling} within pg_ticket.lease_margin of their end{}", match .next_free_in_ms { Some(ms) => format!("; the next frees in {}", crate::epoch::format_duration_ms(*ms)), None => String::new() })]

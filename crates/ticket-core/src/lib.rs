@@ -6,6 +6,7 @@ pub mod fast_map;
 pub mod directory;
 pub mod epoch;
 pub mod leases;
+pub mod ledger;
 pub mod local_marks;
 pub mod rights;
 pub mod sharded;

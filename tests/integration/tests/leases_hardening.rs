@@ -711,16 +711,6 @@ fn a_rewound_token_sequence_holds_off_renewals_record_a_raised_ttl_and_no_grant_
         })
     });
 
-    // A raised ttl, used by a renewal only, is recorded for a dump to carry.
-    db.batch_execute("ALTER SYSTEM SET pg_ticket.lease_max_ttl = '1h'").unwrap();
-    db.batch_execute("SELECT pg_reload_conf()").unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    let long = lease(&mut db, "d", "2 seconds").unwrap();
-    db.batch_execute("UPDATE pgticket.lease_registry SET max_ttl_ms = 2000").unwrap(); // as before the grant recorded it
-    renew(&mut db, &long, "1 hour").unwrap();
-    let recorded: i64 = db.query_one("SELECT max(max_ttl_ms) FROM pgticket.lease_registry", &[]).unwrap().get(0);
-    assert_eq!(recorded, 3_600_000, "the renewal recorded the longest ttl allowed");
-
     // A settle in a transaction left open does not stall the others
     // (#31 item 5: 0.2.0 waited for ever, 0.3.0 refused them with 55P03
     // after a second until it ended).
@@ -729,7 +719,9 @@ fn a_rewound_token_sequence_holds_off_renewals_record_a_raised_ttl_and_no_grant_
     db.batch_execute("DROP EXTENSION pg_ticket").unwrap();
     db.batch_execute("CREATE EXTENSION pg_ticket").unwrap();
     let _ = lease(&mut db, "sighting", "1 second");
-    std::thread::sleep(Duration::from_millis(2_300));
+    // The hold-off is the longest ttl the server's lease ledger recorded
+    // (2 s, it survives DROP EXTENSION: #46 item 6 c) plus the margin.
+    std::thread::sleep(Duration::from_millis(3_300));
     let mut open = c.connect();
     open.batch_execute("BEGIN").unwrap();
     lease(&mut open, "settles-and-waits", "1 second").unwrap();
@@ -742,6 +734,16 @@ fn a_rewound_token_sequence_holds_off_renewals_record_a_raised_ttl_and_no_grant_
     assert!(after.lease > beside.lease, "tokens only grow");
     let rows: i64 = db.query_one("SELECT count(*) FROM pgticket.lease_registry", &[]).unwrap().get(0);
     assert_eq!(rows, 1, "the settle left open wrote the one identity row");
+
+    // A raised ttl, used by a renewal only, is recorded for a dump to carry.
+    db.batch_execute("ALTER SYSTEM SET pg_ticket.lease_max_ttl = '1h'").unwrap();
+    db.batch_execute("SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let long = lease(&mut db, "d", "2 seconds").unwrap();
+    db.batch_execute("UPDATE pgticket.lease_registry SET max_ttl_ms = 2000").unwrap(); // as before the grant recorded it
+    renew(&mut db, &long, "1 hour").unwrap();
+    let recorded: i64 = db.query_one("SELECT max(max_ttl_ms) FROM pgticket.lease_registry", &[]).unwrap().get(0);
+    assert_eq!(recorded, 3_600_000, "the renewal recorded the longest ttl allowed");
     c.stop();
 }
 
@@ -832,6 +834,9 @@ fn a_registry_restarted_with_its_fixed_id_set_to_a_leased_one_never_stamps_besid
         &["pg_ticket.machine_id = 1023", "pg_ticket.lease_margin = '1s'", "pg_ticket.lease_max_ttl = '3s'"],
     );
     let mut db = c.connect();
+    db.batch_execute("DROP DATABASE IF EXISTS lh_ownid_app").unwrap();
+    db.batch_execute("CREATE DATABASE lh_ownid_app").unwrap();
+    c.connect_as("postgres", "lh_ownid_app").batch_execute("CREATE EXTENSION pg_ticket").unwrap();
     let held = lease(&mut db, "holder", "3 s").unwrap();
     assert_eq!(held.machine_id, 0, "the lowest id, never the registry's own 1023");
     db.batch_execute("ALTER SYSTEM SET pg_ticket.machine_id = 0").unwrap();
@@ -844,7 +849,15 @@ fn a_registry_restarted_with_its_fixed_id_set_to_a_leased_one_never_stamps_besid
     assert!(message(&err).contains("stamps machine id 0 itself"), "{}", message(&err));
     let err = db.query_one("SELECT snowflake_id()", &[]).expect_err("no stamp beside the holder");
     assert_eq!(sqlstate(&err), "55000", "{err:?}");
-    assert!(message(&err).contains("has leased out until"), "{}", message(&err));
+    // The server's lease ledger refuses it first; the registry's own table
+    // would as well.
+    assert!(message(&err).contains("leased out until"), "{}", message(&err));
+    // And in a database without the registry's rows (#46 item 6 a: 0.4.0
+    // stamped there at once).
+    let mut app = c.connect_as("postgres", "lh_ownid_app");
+    let err = app.query_one("SELECT snowflake_id()", &[]).expect_err("no stamp beside the holder in another database");
+    assert_eq!(sqlstate(&err), "55000", "{err:?}");
+    assert!(message(&err).contains("machine id 0"), "{}", message(&err));
     // Once the lease has ended plus the margin, the id is the server's.
     let free_from = held.expires_ms + 1_000;
     wait_until("the server stamps after the lease is over", Duration::from_secs(20), || {
@@ -854,7 +867,71 @@ fn a_registry_restarted_with_its_fixed_id_set_to_a_leased_one_never_stamps_besid
     let id: i64 = db.query_one("SELECT snowflake_id()", &[]).unwrap().get(0);
     let machine: i32 = db.query_one("SELECT machine_id FROM snowflake_decode($1)", &[&id]).unwrap().get(0);
     assert_eq!(machine, 0);
+    app.query_one("SELECT snowflake_id()", &[]).expect("the other database stamps once the lease is over");
     c.stop();
+}
+
+/// #46 item 6 (b, c): a registry's streaming standby with its own fixed
+/// id, promoted. 0.4.0 stamped the id its primary had leased out at once
+/// in an application database (the registry's rows are checked in the
+/// registry's database only), and held off for the ttl the standby's own
+/// settings allowed (the primary's, raised by ALTER SYSTEM, is not
+/// replicated, and the row that recorded it was lost with the last
+/// transaction: here, rolled back). The lease ledger travels in WAL: the
+/// lease of id 5 holds the promoted server's 5 until its end, id 5 being
+/// among the ids the primary leases holds it for the primary's longest
+/// ttl plus margin after the promotion, and the registry holds off as long.
+#[test]
+fn a_promoted_standby_never_stamps_an_id_its_primary_leased_out_and_holds_off_for_the_primarys_ttl() {
+    let conf = ["pg_ticket.machine_id = 1023", "pg_ticket.lease_ids = '5-6'", "pg_ticket.lease_margin = '1s'", "pg_ticket.lease_max_ttl = '2s'"];
+    let primary = Cluster::start("lh-ledger-p", 55634, &conf);
+    let mut db = primary.connect();
+    db.batch_execute("DROP DATABASE IF EXISTS app").unwrap();
+    db.batch_execute("CREATE DATABASE app").unwrap();
+    primary.connect_as("postgres", "app").batch_execute("CREATE EXTENSION pg_ticket").unwrap();
+    // pg_basebackup's spread checkpoint then has little to write.
+    db.batch_execute("CHECKPOINT").unwrap();
+    let standby = primary.standby("lh-ledger-s", 55635, &["pg_ticket.machine_id = 5"]);
+    let held = lease(&mut db, "holder", "2 s").unwrap();
+    assert_eq!(held.machine_id, 5, "the primary leases the standby's own id");
+    db.batch_execute("ALTER SYSTEM SET pg_ticket.lease_max_ttl = '20s'").unwrap();
+    db.batch_execute("SELECT pg_reload_conf()").unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let mut tx = db.transaction().unwrap();
+    let lost = tx
+        .query_one("SELECT machine_id FROM pgticket.lease_machine_id('lost', '20 seconds')", &[])
+        .unwrap()
+        .get::<_, i32>(0);
+    assert_eq!(lost, 6);
+    tx.rollback().unwrap();
+    let primary_lsn: String = db.query_one("SELECT pg_current_wal_flush_lsn()::text", &[]).unwrap().get(0);
+    let mut s = standby.connect();
+    wait_until("the standby replays the primary's WAL", Duration::from_secs(30), || {
+        s.query_one("SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn", &[&primary_lsn]).unwrap().get::<_, bool>(0)
+    });
+    drop((s, db));
+    primary.stop_with("immediate");
+    standby.promote();
+    let promoted_ms = now_ms();
+    let mut app = standby.connect_as("postgres", "app");
+    let err = app.query_one("SELECT snowflake_id()", &[]).expect_err("the promoted standby stamped the id its primary leased out");
+    assert_eq!(sqlstate(&err), "55000", "{err:?}");
+    assert!(message(&err).contains("machine id 5") && message(&err).contains("leased out until"), "{}", message(&err));
+    // The lease's end passed; the id stays held as one its primary leased.
+    std::thread::sleep(Duration::from_millis((held.expires_ms + 1_000 + 2_000 - now_ms()).max(0) as u64 + 200));
+    let err = app.query_one("SELECT snowflake_id()", &[]).expect_err("a grant of id 5 lost in flight may be live");
+    assert_eq!(sqlstate(&err), "55000", "{err:?}");
+    assert!(message(&err).contains("among the ids"), "{}", message(&err));
+    // The registry holds off for the primary's 20 s, not the standby's 2 s.
+    std::thread::sleep(Duration::from_millis((promoted_ms + 5_000 - now_ms()).max(0) as u64));
+    let mut registry = standby.connect();
+    let err = lease(&mut registry, "after", "2 seconds").expect_err("the promoted registry granted after its own 2 s + 1 s");
+    assert_eq!(sqlstate(&err), "55000", "{}", message(&err));
+    assert!(message(&err).contains("grants again from"), "{}", message(&err));
+    // Both end: 20 s + 1 s after the promotion.
+    wait_until("the promoted server stamps id 5", Duration::from_secs(40), || app.query_one("SELECT snowflake_id()", &[]).is_ok());
+    assert!(now_ms() >= promoted_ms + 20_000, "not before the primary's longest ttl plus the margin");
+    standby.stop();
 }
 
 /// SPEC §17.4 with rows from outside the registry's calls: a lease of the

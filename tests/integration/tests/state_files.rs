@@ -172,6 +172,60 @@ fn an_old_base_backup_started_in_a_servers_place_holds_its_accepted_shards() {
     b.stop();
 }
 
+/// #46 item 8 (SPEC §20.4): a base backup whose first start goes by
+/// without pg_ticket preloaded (its configuration kept outside the data
+/// directory, as on Debian) renames `backup_label` unseen; 0.4.0's later
+/// preloaded start was an ordinary restart, and it stamped and issued its
+/// accepted shard at once. Now it is held as a restored start. A standby
+/// (preloaded from its first start), promoted and restarted, is not.
+#[test]
+fn a_base_backup_first_started_without_pg_ticket_is_held_at_its_first_preloaded_start() {
+    let a = Cluster::start("sf-unseen", 55636, &["pg_ticket.shards = '2'", "pg_ticket.machine_id = 1"]);
+    let mut on_a = a.connect();
+    on_a.query_one("SELECT pgticket.accept_shard(2, 0)", &[]).unwrap();
+    on_a.query_one("SELECT max(sharded_id(2)) FROM generate_series(1, 100)", &[]).unwrap();
+    on_a.batch_execute("CHECKPOINT").unwrap();
+    let standby = a.standby("sf-unseen-standby", 55637, &["pg_ticket.machine_id = 3", "pg_ticket.shards = ''"]);
+
+    let copy_dir = std::path::PathBuf::from("/tmp/pgt-sf-unseen-copy");
+    owned_dir(&copy_dir);
+    let data = copy_dir.join("data");
+    let port = a.port.to_string();
+    pg_tool("pg_basebackup", &["-D", data.to_str().unwrap(), "-c", "fast", "-X", "stream", "-h", a.dir.to_str().unwrap(), "-p", &port, "-U", "postgres"]);
+    drop(on_a);
+    a.stop_with("immediate");
+    let conf = |lines: &str| {
+        let mut f = std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).unwrap();
+        std::io::Write::write_all(&mut f, lines.as_bytes()).unwrap();
+    };
+    conf(&format!("port = 55638\nunix_socket_directories = '{}'\nshared_preload_libraries = ''\n", copy_dir.display()));
+    let copy = Cluster::attach(&copy_dir, 55638);
+    copy.up(None);
+    let mut db = copy.connect_when_ready();
+    let recovering: bool = db.query_one("SELECT pg_is_in_recovery()", &[]).unwrap().get(0);
+    assert!(!recovering && data.join("backup_label.old").exists(), "the backup's first start ended its recovery unpreloaded");
+    drop(db);
+    copy.stop();
+    conf("shared_preload_libraries = 'pg_ticket'\n");
+    copy.up(None);
+    for call in ["SELECT snowflake_id()", "SELECT sharded_id(2)"] {
+        let err = copy.connect_when_ready().query_one(call, &[]).expect_err("a backup first started unseen is held");
+        assert_eq!(sqlstate(&err), "55000", "{err}");
+        assert!(err.as_db_error().unwrap().message().contains("base backup"), "{err}");
+    }
+    copy.connect().query_one("SELECT pgticket.raise_snowflake_mark(now())", &[]).unwrap();
+    copy.connect().query_one("SELECT snowflake_id()", &[]).expect("vouched for, it stamps");
+    let err = copy.connect().query_one("SELECT sharded_id(2)", &[]).expect_err("its accepted shard is held");
+    assert!(err.as_db_error().unwrap().message().contains("shard 2 is held"), "{err}");
+    copy.stop();
+
+    standby.promote();
+    standby.stop();
+    standby.up(None);
+    standby.connect_when_ready().query_one("SELECT snowflake_id()", &[]).expect("a promoted standby, restarted, is not held");
+    standby.stop();
+}
+
 /// A server in /tmp/pgt-NAME archiving its WAL into /tmp/pgt-NAME-archive
 /// (returned), with `conf`.
 fn archiving_primary(name: &str, port: u16, conf: &[&str]) -> (Cluster, std::path::PathBuf) {

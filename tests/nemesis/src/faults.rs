@@ -58,6 +58,11 @@ pub enum Fault {
     /// The standby stops, the primary's waiters are cancelled and
     /// terminated, the primary dies, the standby comes back and is promoted.
     StandbyAwayThenFailover,
+    /// A failover whose promoted server is killed at once, before the
+    /// checkpoint that ends its recovery (`pg_ctl promote` asks for a
+    /// spread one), and started again: crash recovery replays what it
+    /// wrote since the promotion (#46 item 4).
+    FailoverThenCrash,
     RegistryBackup,
     RegistryRestoreBackup,
     RegistryDump,
@@ -104,6 +109,7 @@ impl Fault {
             Fault::StandbyAway(_) => "standby_away",
             Fault::Failover => "failover",
             Fault::StandbyAwayThenFailover => "standby_away_then_failover",
+            Fault::FailoverThenCrash => "failover_then_crash",
             Fault::RegistryBackup => "registry_backup",
             Fault::RegistryRestoreBackup => "registry_restore_backup",
             Fault::RegistryDump => "registry_dump",
@@ -119,7 +125,7 @@ impl Fault {
     }
 }
 
-pub const KINDS: [&str; 27] = [
+pub const KINDS: [&str; 28] = [
     "kill_server",
     "kill_postmaster",
     "immediate_restart",
@@ -136,6 +142,7 @@ pub const KINDS: [&str; 27] = [
     "standby_away",
     "failover",
     "standby_away_then_failover",
+    "failover_then_crash",
     "registry_backup",
     "registry_restore_backup",
     "registry_dump",
@@ -177,6 +184,7 @@ fn draw(kind: usize, rng: &mut StdRng) -> Fault {
         "standby_away" => Fault::StandbyAway(rng.gen_range(1500..5000)),
         "failover" => Fault::Failover,
         "standby_away_then_failover" => Fault::StandbyAwayThenFailover,
+        "failover_then_crash" => Fault::FailoverThenCrash,
         "registry_backup" => Fault::RegistryBackup,
         "registry_restore_backup" => Fault::RegistryRestoreBackup,
         "registry_dump" => Fault::RegistryDump,
@@ -202,9 +210,10 @@ fn draw(kind: usize, rng: &mut StdRng) -> Fault {
 
 /// Kinds that cost seconds of the fleet's time (a base backup, a
 /// promotion, a restore): once per round; the quick ones up to three times.
-const SLOW: [&str; 11] = [
+const SLOW: [&str; 12] = [
     "failover",
     "standby_away_then_failover",
+    "failover_then_crash",
     "registry_backup",
     "registry_restore_backup",
     "registry_dump",
@@ -393,8 +402,9 @@ impl World<'_> {
                 h.fault(kind, format!("{n} connections"));
             }
             Fault::StandbyAway(ms) => self.standby_away(*ms),
-            Fault::Failover => self.failover(false),
-            Fault::StandbyAwayThenFailover => self.failover(true),
+            Fault::Failover => self.failover(false, false),
+            Fault::StandbyAwayThenFailover => self.failover(true, false),
+            Fault::FailoverThenCrash => self.failover(false, true),
             Fault::RegistryBackup => self.registry_backup(),
             Fault::RegistryRestoreBackup => self.registry_restore_backup(),
             Fault::RegistryDump => self.registry_dump(),
@@ -630,10 +640,14 @@ impl World<'_> {
         self.restart(standby);
     }
 
-    fn failover(&self, standby_away_first: bool) {
+    fn failover(&self, standby_away_first: bool, crash_after: bool) {
         let mut pair = self.fleet.p1.lock().unwrap();
         let Some(standby) = pair.standby.take() else { return };
-        let kind = if standby_away_first { "standby_away_then_failover" } else { "failover" };
+        let kind = match (standby_away_first, crash_after) {
+            (true, _) => "standby_away_then_failover",
+            (false, true) => "failover_then_crash",
+            (false, false) => "failover",
+        };
         self.history.fault(kind, format!("{} dies, {} is promoted", pair.primary.name, standby.name));
         if standby_away_first {
             standby.stop("immediate");
@@ -665,6 +679,17 @@ impl World<'_> {
             self.history.fault("error", e);
         }
         self.history.record(crate::history::Event::Promoted { t: self.history.now(), lineage: "p1".into() });
+        if crash_after {
+            // Clients reach it meanwhile; then it dies before its
+            // end-of-recovery checkpoint could have finished.
+            sleep_ms(300);
+            standby.signal_all(libc::SIGKILL);
+            self.history.fault(kind, format!("{} killed after its promotion, started again", standby.name));
+            self.restart(&standby);
+            if let Err(e) = standby.wait_ready(true) {
+                self.history.fault("error", e);
+            }
+        }
         let old = std::mem::replace(&mut pair.primary, standby);
         drop(old);
         self.fleet.rebuild_standby(&mut pair);
