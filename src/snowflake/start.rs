@@ -38,9 +38,14 @@
 //!   copies with the rest; a later start that finds a `backup_label.old`
 //!   of a backup not recorded there is held as a restored start. A
 //!   standby's first start is preloaded (it replays pg_ticket's WAL), so a
-//!   promoted standby's label is recorded. A data directory with no such
-//!   file never had a preloaded 0.5.0 start (a server of 0.4.0, a backup
-//!   of one): its label is taken as seen, as 0.4.0 took it.
+//!   promoted standby's label is recorded; one first started without us
+//!   (its replay stops at pg_ticket's first record) follows its primary
+//!   all the same and is not held. The hold passes on: a base backup of
+//!   such a copy (its `backup_label.old` unseen beside a `backup_label`)
+//!   is held, a standby too, and pg_upgrade of such a copy is refused. A
+//!   data directory with no such file never had a preloaded 0.5.0 start
+//!   (a server of 0.4.0, a backup of one): its label is taken as seen, as
+//!   0.4.0 took it.
 //! - Anything else (a clean or crash restart, a standby): nothing to do.
 //!
 //! Touches: the marker files and, at an upgrade's new cluster, the mark and
@@ -75,7 +80,7 @@ fn label_of(file: &str) -> Result<Option<String>, String> {
 /// The labels recorded, or None where the file never was.
 fn backups_seen() -> Result<Option<Vec<String>>, String> {
     match std::fs::read_to_string(BACKUPS_SEEN) {
-        Ok(text) => Ok(Some(text.lines().skip(1).map(str::to_string).collect())),
+        Ok(text) => Ok(Some(text.lines().skip(1).filter(|l| !l.is_empty()).map(str::to_string).collect())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(format!("cannot read {BACKUPS_SEEN}: {e}")),
     }
@@ -122,22 +127,41 @@ enum Start {
 /// The kind of this start, and the backup label it began from (to record).
 fn classify() -> Result<(Start, Option<String>), String> {
     let exists = |name: &str| Path::new(name).exists();
+    // A `backup_label.old` of a backup this data directory's preloaded
+    // starts never saw: a copy whose first start went by without us.
+    let seen = backups_seen()?;
+    let old_label = label_of("backup_label.old")?;
+    let old_label_unseen = matches!((&old_label, &seen), (Some(label), Some(seen)) if !seen.contains(label));
     if unsafe { pgrx::pg_sys::IsBinaryUpgrade } {
         let durability_off = unsafe { !pgrx::pg_sys::enableFsync && !pgrx::pg_sys::fullPageWrites };
-        return Ok((if durability_off && exists(PG_UPGRADE_OUTPUT) { Start::UpgradeTarget } else { Start::UpgradeSource }, None));
+        if durability_off && exists(PG_UPGRADE_OUTPUT) {
+            return Ok((Start::UpgradeTarget, None));
+        }
+        if old_label_unseen {
+            // Its hold is no marker yet: the upgraded copy would carry none
+            // (#46 review of item 8).
+            return Err("pg_upgrade's old cluster began from a base backup whose first start went by without pg_ticket preloaded, and is not vouched for: \
+                        start it normally with pg_ticket preloaded, vouch with pgticket.raise_snowflake_mark() and accept its shards again with pgticket.accept_shard() (docs/operations.md), then run pg_upgrade"
+                .into());
+        }
+        return Ok((Start::UpgradeSource, None));
     }
+    let standby_following = exists("standby.signal") && !recovery_target_set();
     let recovering_to_a_point = exists("recovery.signal") || (exists("standby.signal") && recovery_target_set());
     let copy = (exists("backup_label") && !exists("standby.signal")) || recovering_to_a_point;
     if let Some(label) = label_of("backup_label")? {
-        let start = if copy || exists(READ_BY_PG_UPGRADE) { Start::Restored } else { Start::Ordinary };
+        // A copy of a copy started unseen carries that one's label as
+        // `backup_label.old` (and its list): it inherits the hold, standby
+        // or not (#46 review of item 8: a standby of such a copy, promoted,
+        // issued at once).
+        let start = if copy || exists(READ_BY_PG_UPGRADE) || old_label_unseen { Start::Restored } else { Start::Ordinary };
         return Ok((start, Some(label)));
     }
-    let old_label = label_of("backup_label.old")?;
-    let unseen = match (&old_label, backups_seen()?) {
-        (Some(label), Some(seen)) => !seen.contains(label),
-        _ => false,
-    };
-    if copy || exists(READ_BY_PG_UPGRADE) || unseen {
+    // A standby first started without pg_ticket (its replay stopped at
+    // pg_ticket's first record, after PostgreSQL had renamed the label)
+    // follows its primary all the same: not held (#46 review of item 8).
+    let started_unseen = old_label_unseen && !standby_following;
+    if copy || exists(READ_BY_PG_UPGRADE) || started_unseen {
         return Ok((Start::Restored, old_label));
     }
     Ok((Start::Ordinary, old_label))

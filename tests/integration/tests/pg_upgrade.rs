@@ -399,3 +399,47 @@ fn a_held_old_server_is_not_upgraded_until_vouched_for() {
     let new = upgrade(&held, "upg-new-h", 55626, false);
     new.stop();
 }
+
+/// #46 review of item 8: a base backup first started without pg_ticket
+/// preloaded has no hold marker yet (its hold is decided at its first
+/// preloaded start), so pg_upgrade of it carried no hold and the upgraded
+/// server stamped and issued its shard beside the original. pg_upgrade
+/// now fails at its start of such an old cluster, saying why.
+#[test]
+fn a_base_backup_first_started_unseen_is_not_upgraded_until_vouched_for() {
+    let origin = Cluster::start("upg-origin-u", 55639, &[SHARDS, MACHINE]);
+    let mut db = origin.connect();
+    db.query_one("SELECT pgticket.accept_shard(1, 0)", &[]).unwrap();
+    db.query_one("SELECT max(sharded_id(1)) FROM generate_series(1, 100)", &[]).unwrap();
+    db.batch_execute("CHECKPOINT").unwrap();
+    drop(db);
+    let copy_dir = std::path::PathBuf::from("/tmp/pgt-upg-old-u");
+    owned_dir(&copy_dir);
+    let data = copy_dir.join("data");
+    pg_tool("pg_basebackup", &["-D", data.to_str().unwrap(), "-c", "fast", "-X", "stream", "-h", origin.dir.to_str().unwrap(), "-p", &origin.port.to_string(), "-U", "postgres"]);
+    origin.stop();
+    let conf = |lines: &str| {
+        let mut f = std::fs::OpenOptions::new().append(true).open(data.join("postgresql.conf")).unwrap();
+        std::io::Write::write_all(&mut f, lines.as_bytes()).unwrap();
+    };
+    conf(&format!("port = 55643\nunix_socket_directories = '{}'\nshared_preload_libraries = ''\n", copy_dir.display()));
+    let copy = Cluster::attach(&copy_dir, 55643);
+    copy.up(None);
+    drop(copy.connect_when_ready());
+    copy.stop();
+    conf("shared_preload_libraries = 'pg_ticket'\n");
+
+    let out = run_pg_upgrade(&copy, "upg-new-u", 55641, false, true, false);
+    assert!(!out.status.success(), "pg_upgrade of a copy first started unseen must fail");
+    let logs = Command::new("grep").args(["-rl", "first start went by without pg_ticket", "/tmp/pgt-upg-new-u", copy_dir.to_str().unwrap()]).output().unwrap();
+    assert!(!logs.stdout.is_empty(), "a log says why: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+
+    // Started as a server, it is held; vouched for, it upgrades.
+    copy.up(None);
+    let err = copy.connect_when_ready().query_one("SELECT snowflake_id()", &[]).expect_err("held");
+    assert_eq!(sqlstate(&err), "55000", "{err}");
+    copy.connect().query_one("SELECT pgticket.raise_snowflake_mark(now())", &[]).unwrap();
+    copy.stop();
+    let new = upgrade(&copy, "upg-new-u", 55641, false);
+    new.stop();
+}

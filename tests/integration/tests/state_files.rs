@@ -205,6 +205,13 @@ fn a_base_backup_first_started_without_pg_ticket_is_held_at_its_first_preloaded_
     let recovering: bool = db.query_one("SELECT pg_is_in_recovery()", &[]).unwrap().get(0);
     assert!(!recovering && data.join("backup_label.old").exists(), "the backup's first start ended its recovery unpreloaded");
     drop(db);
+    // A standby of this copy (preloaded) inherits its hold: promoted, it
+    // is held too (review: it issued at once).
+    let of_copy = copy.standby("sf-unseen-grandchild", 55642, &["shared_preload_libraries = 'pg_ticket'"]);
+    of_copy.promote();
+    let err = of_copy.connect_when_ready().query_one("SELECT snowflake_id()", &[]).expect_err("a standby of a copy started unseen, promoted, is held");
+    assert_eq!(sqlstate(&err), "55000", "{err}");
+    of_copy.stop();
     copy.stop();
     conf("shared_preload_libraries = 'pg_ticket'\n");
     copy.up(None);
