@@ -27,7 +27,7 @@ use ticket_core::leases::LeaseError;
 use ticket_core::ledger::{Ledger, Line, OwnIdRefusal};
 
 use crate::backend_local::BackendLocal;
-use crate::clock::{now_unix_ms, postmaster_start_ms, timeline_start_ms};
+use crate::clock::{now_unix_ms, timeline_start_ms};
 use crate::errors::TicketError;
 use crate::settings;
 
@@ -115,17 +115,25 @@ pub fn longest_ttl_and_margin() -> Result<(i64, i64), TicketError> {
 static OWN_ID_CLEAR: BackendLocal<bool> = BackendLocal::new(false);
 
 /// SPEC §17.4 per server (#46 item 6): the fixed id `own` is refused while
-/// a lease of it is in the ledger, and after this server's start or
-/// promotion while it is among the ids a registry of its timeline may
-/// lease (longest ttl plus margin). Checked in every database, before the
+/// a lease of it is in the ledger, and after this server's promotion while
+/// it is among the ids a registry of its timeline may lease (longest ttl
+/// plus margin, of the ledger and of this server's settings). Checked in every database, before the
 /// first stamp; not during recovery (nothing is stamped then).
 pub fn check_own_id(own: u16) -> Result<(), TicketError> {
     if OWN_ID_CLEAR.get() {
         return Ok(());
     }
-    let ledger = read().map_err(TicketError::BadConfiguration)?;
+    let mut ledger = read().map_err(TicketError::BadConfiguration)?;
+    // This server's own settings count as well: a standby set higher than
+    // its primary's record (review of item 6).
+    ledger.max_ttl_ms = ledger.max_ttl_ms.max(settings::lease_max_ttl_ms());
+    ledger.margin_ms = ledger.margin_ms.max(settings::lease_margin_ms());
+    // Grants lost in flight exist only across a promotion (or a recovery
+    // that ended on a timeline of its own): a restart replays all of this
+    // server's WAL, so its ledger is whole (review: a hold at every
+    // restart that no setting could end).
     let timeline = unsafe { pg_sys::GetWALInsertionTimeLine() } as i32;
-    let began_ms = postmaster_start_ms().max(timeline_start_ms(timeline).unwrap_or(i64::MIN));
+    let began_ms = timeline_start_ms(timeline).unwrap_or(i64::MIN);
     match ledger.own_id_refused_until(own, began_ms, now_unix_ms()) {
         None => {
             OWN_ID_CLEAR.set(true);

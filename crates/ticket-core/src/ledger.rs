@@ -18,7 +18,7 @@
 //!   are the longest ever recorded, the ids the latest.
 //!
 //! A server stamping fixed id `own` refuses while a `lease` of it is
-//! live, and, after a start or a promotion, for the longest ttl plus
+//! live, and, after a promotion, for the longest ttl plus
 //! margin when `own` is among the registry's ids: a grant of it lost in
 //! flight (an asynchronous standby promoted) is over by then, and no
 //! renewal extends it (a registry never renews its server's own id).
