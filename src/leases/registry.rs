@@ -517,13 +517,19 @@ pub fn renew(machine_id: u16, lease: i64, secret: u128, ttl_ms: i64, last_issued
     leases::check_ttl_within(ttl_ms, settings::lease_max_ttl_ms())?;
     let margin_ms = settings::lease_margin_ms();
     // A ttl raised by reload may be used by renewals alone: in the ledger
-    // before one is renewed under it (review of item 6).
-    let (_, layout) = crate::snowflake::registry_space()?;
+    // before one is renewed under it (review of item 6). Where the
+    // configuration names no space or ids that grant (moved since), a
+    // recorded lease is renewed all the same, and the grants' line stands.
     let own = settings::own_snowflake_machine_id();
-    let leasable: Vec<u16> = settings::lease_ids()?.into_iter().filter(|id| *id <= layout.max_machine_id() && Some(*id) != own).collect();
+    let leasable: Option<Vec<u16>> = match (crate::snowflake::registry_space(), settings::lease_ids()) {
+        (Ok((_, layout)), Ok(ids)) => Some(ids.into_iter().filter(|id| *id <= layout.max_machine_id() && Some(*id) != own).collect()),
+        _ => None,
+    };
     with_registry(|client| {
-        if let Err(e) = crate::snowflake::ledger::record_registry(settings::lease_max_ttl_ms(), margin_ms, &leasable) {
-            return Ok(Err(e));
+        if let Some(leasable) = &leasable {
+            if let Err(e) = crate::snowflake::ledger::record_registry(settings::lease_max_ttl_ms(), margin_ms, leasable) {
+                return Ok(Err(e));
+            }
         }
         // A ttl raised by reload may be used by renewals alone: recorded too.
         if serving(client, identity())?.record_settings {
