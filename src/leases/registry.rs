@@ -388,6 +388,23 @@ fn record_settings(client: &mut SpiClient<'_>) -> Result<(), SpiError> {
     Ok(())
 }
 
+/// The ids `pg_ticket.lease_ids` names within the space's layout (a
+/// database recorded with fewer machine bits than the setting's list
+/// allows leases fewer).
+fn allowed_ids(layout: ticket_core::snowflake::Layout) -> Result<Vec<u16>, TicketError> {
+    let mut allowed = settings::lease_ids()?;
+    allowed.retain(|id| *id <= layout.max_machine_id());
+    Ok(allowed)
+}
+
+/// The registry's settings and the ids it may grant (never its server's
+/// own) in the server's lease ledger, before it grants or renews under them.
+fn record_in_ledger(allowed: &[u16], margin_ms: i64) -> Result<(), TicketError> {
+    let own = settings::own_snowflake_machine_id();
+    let leasable: Vec<u16> = allowed.iter().copied().filter(|id| Some(*id) != own).collect();
+    crate::snowflake::ledger::record_registry(settings::lease_max_ttl_ms(), margin_ms, &leasable)
+}
+
 pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
     leases::check_ttl_within(ttl_ms, settings::lease_max_ttl_ms())?;
     xact::check_writable()?;
@@ -396,10 +413,7 @@ pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
         crate::snowflake::record_space_in_mark()?;
     }
     let margin_ms = settings::lease_margin_ms();
-    // Only ids of the space's layout (a database recorded with fewer
-    // machine bits than the setting's list allows leases fewer).
-    let mut allowed = settings::lease_ids()?;
-    allowed.retain(|id| *id <= layout.max_machine_id());
+    let allowed = allowed_ids(layout)?;
     with_registry(|client| {
         let me = identity();
         let serving = serving(client, me)?;
@@ -419,12 +433,10 @@ pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
         .into_iter()
         .map(|(c, l, _)| (c.machine_id, l))
         .collect();
-        let own = settings::own_snowflake_machine_id();
-        // In the server's ledger before any grant: which ids, how long.
-        let leasable: Vec<u16> = allowed.iter().copied().filter(|id| Some(*id) != own).collect();
-        if let Err(e) = crate::snowflake::ledger::record_registry(settings::lease_max_ttl_ms(), margin_ms, &leasable) {
+        if let Err(e) = record_in_ledger(&allowed, margin_ms) {
             return Ok(Err(e));
         }
+        let own = settings::own_snowflake_machine_id();
         let available = leases::availability(&allowed, own, |id| rows.get(&id).copied(), now_ms, margin_ms);
         let secret = new_secret();
         for id in available.free {
@@ -516,22 +528,16 @@ pub fn lease(holder: Name<'_>, ttl_ms: i64) -> Result<Grant, TicketError> {
 pub fn renew(machine_id: u16, lease: i64, secret: u128, ttl_ms: i64, last_issued_ms: Option<i64>) -> Result<i64, TicketError> {
     leases::check_ttl_within(ttl_ms, settings::lease_max_ttl_ms())?;
     let margin_ms = settings::lease_margin_ms();
-    // A ttl raised by reload may be used by renewals alone: in the ledger
-    // before one is renewed under it (review of item 6). Where the
-    // configuration names no space or ids that grant (moved since), a
-    // recorded lease is renewed all the same, and the grants' line stands.
-    let own = settings::own_snowflake_machine_id();
-    let leasable: Option<Vec<u16>> = match (crate::snowflake::registry_space(), settings::lease_ids()) {
-        (Ok((_, layout)), Ok(ids)) => Some(ids.into_iter().filter(|id| *id <= layout.max_machine_id() && Some(*id) != own).collect()),
-        _ => None,
-    };
+    // Where the configuration names no space or ids that grant (moved
+    // since), a recorded lease is renewed all the same, and the grants'
+    // line in the ledger stands.
+    let allowed = crate::snowflake::registry_space().and_then(|(_, layout)| allowed_ids(layout)).ok();
     with_registry(|client| {
-        if let Some(leasable) = &leasable {
-            if let Err(e) = crate::snowflake::ledger::record_registry(settings::lease_max_ttl_ms(), margin_ms, leasable) {
-                return Ok(Err(e));
-            }
+        // A ttl raised by reload may be used by renewals alone: recorded
+        // too, in the ledger (review of item 6) and the identity row.
+        if let Some(Err(e)) = allowed.as_deref().map(|allowed| record_in_ledger(allowed, margin_ms)) {
+            return Ok(Err(e));
         }
-        // A ttl raised by reload may be used by renewals alone: recorded too.
         if serving(client, identity())?.record_settings {
             record_settings(client)?;
         }

@@ -125,13 +125,12 @@ enum Start {
 }
 
 /// The kind of this start, and the backup label it began from (to record).
-fn classify() -> Result<(Start, Option<String>), String> {
+fn classify(seen: &Option<Vec<String>>) -> Result<(Start, Option<String>), String> {
     let exists = |name: &str| Path::new(name).exists();
     // A `backup_label.old` of a backup this data directory's preloaded
     // starts never saw: a copy whose first start went by without us.
-    let seen = backups_seen()?;
     let old_label = label_of("backup_label.old")?;
-    let old_label_unseen = matches!((&old_label, &seen), (Some(label), Some(seen)) if !seen.contains(label));
+    let old_label_unseen = matches!((&old_label, seen), (Some(label), Some(seen)) if !seen.contains(label));
     if unsafe { pgrx::pg_sys::IsBinaryUpgrade } {
         let durability_off = unsafe { !pgrx::pg_sys::enableFsync && !pgrx::pg_sys::fullPageWrites };
         if durability_off && exists(PG_UPGRADE_OUTPUT) {
@@ -176,7 +175,8 @@ pub fn at_start() {
 }
 
 fn classify_and_act() -> Result<(), String> {
-    let (start, label) = classify()?;
+    let seen = backups_seen()?;
+    let (start, label) = classify(&seen)?;
     let outcome = match start {
         Start::UpgradeTarget => set_aside_own_state().and_then(|()| history::mark_an_upgrade_start()),
         Start::UpgradeSource => refuse_an_upgrade_that_would_drop_a_hold().and_then(|()| mark_as_read_by_pg_upgrade()),
@@ -187,7 +187,7 @@ fn classify_and_act() -> Result<(), String> {
     // After the hold is in place: a start that fails before it records
     // nothing, and is held again at the next.
     if !unsafe { pgrx::pg_sys::IsBinaryUpgrade } {
-        record_backup_seen(&backups_seen()?, label)?;
+        record_backup_seen(&seen, label)?;
     }
     Ok(())
 }
