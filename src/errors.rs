@@ -68,6 +68,10 @@ pub enum TicketError {
     Lease(#[from] ticket_core::leases::LeaseError),
     #[error("snowflake_id() has no valid machine id: {0}")]
     NoMachineLease(String),
+    /// A grant or renewal whose line in this server's lease ledger the
+    /// synchronous standbys did not confirm (#46 item 6).
+    #[error("the synchronous standbys did not confirm the lease ledger's line {line:?} (the wait was cancelled or the session is ending): nothing is granted or renewed")]
+    LedgerNotConfirmed { line: String },
     #[error("{value} does not fit the {type_name} column {column:?} of table {table:?}")]
     ValueDoesNotFit { value: i64, column: String, table: String, type_name: &'static str },
     #[error("{0}")]
@@ -154,7 +158,8 @@ impl TicketError {
             TicketError::Lease(_) | TicketError::NoMachineLease(_) => ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             TicketError::Snowflake(_) | TicketError::NotPreloaded(_) | TicketError::AllocationAfterFlush
             | TicketError::MarkNotCarried { .. }
-            | TicketError::MarkWaitsForStandby { .. } => {
+            | TicketError::MarkWaitsForStandby { .. }
+            | TicketError::LedgerNotConfirmed { .. } => {
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
             TicketError::ReadOnly { .. } => ERRCODE_READ_ONLY_SQL_TRANSACTION,
@@ -187,6 +192,9 @@ impl TicketError {
             ),
             TicketError::MarkWaitsForStandby { .. } => Some(
                 "A synchronous standby is gone or slow: bring it back, or remove it from synchronous_standby_names and reload. No ID is stamped under a mark the standbys have not confirmed.",
+            ),
+            TicketError::LedgerNotConfirmed { .. } => Some(
+                "A synchronous standby is gone or slow: bring it back, or remove it from synchronous_standby_names and reload. A lease is granted or renewed only once its line in the lease ledger is on the standbys, so that a promoted standby knows it (docs/leases.md, the lease ledger).",
             ),
             TicketError::MarkNotCarried { cause: MarkLost::Restored } => Some(
                 "SELECT pgticket.raise_snowflake_mark(<a time past every snowflake and sharded ID the server this copy stands in for made, in any database: the latest decoded max(id) of your tables, plus any error of its clock>); now() if that server's clock never ran ahead. Then pgticket.accept_shard() each shard it owns (docs/operations.md, backup and restore). Other allocators work meanwhile.",

@@ -85,9 +85,7 @@ fn record(line_of: impl Fn(&Ledger) -> Option<Line>) -> Result<(), TicketError> 
         (text, lsn)
     };
     if !crate::xact::wait_for_synchronous_standbys(lsn) {
-        return Err(TicketError::NoMachineLease(format!(
-            "the synchronous standbys did not confirm the lease ledger's line {text:?} (the wait was cancelled or the session is ending): nothing is granted"
-        )));
+        return Err(TicketError::LedgerNotConfirmed { line: text });
     }
     Ok(())
 }

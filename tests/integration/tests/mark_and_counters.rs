@@ -214,7 +214,11 @@ fn a_mark_waiting_for_a_standby_holds_up_no_checkpoint() {
 /// Found by review: the lease registry's durable commit was set inside the
 /// owner's block, whose settings are undone after it, so a caller with
 /// synchronous_commit = off got a grant that a crash could forget (and a
-/// standby never had).
+/// standby never had). Since #46 item 6 a grant waits twice: first for its
+/// line in the lease ledger (refused if that wait is cancelled: nothing has
+/// committed, and a promoted standby must know every lease its primary may
+/// have granted), then at its commit (cancelled, PostgreSQL commits here
+/// with a warning, as for any commit).
 #[test]
 fn a_lease_granted_to_a_session_with_synchronous_commit_off_waits_for_the_standby() {
     let c = Cluster::start("lease-durable", 55492, &[]);
@@ -222,20 +226,47 @@ fn a_lease_granted_to_a_session_with_synchronous_commit_off_waits_for_the_standb
     admin.batch_execute("CREATE ROLE lease_user LOGIN").unwrap();
     admin.batch_execute("GRANT EXECUTE ON FUNCTION pgticket.lease_machine_id(text, interval) TO lease_user").unwrap();
     // A registry's first grant writes its mark (waiting for the standby
-    // too): written before, so that the wait cancelled is the commit's.
+    // too): written before, so that the waits cancelled are the grant's.
     admin.query_one("SELECT snowflake_id()", &[]).unwrap();
     reload_with_standby(&c, Some("nobody"));
-    let leaser = std::thread::spawn({
-        let dsn = c.dsn_as("lease_user", "postgres");
-        move || {
-            let mut s = postgres::Client::connect(&dsn, postgres::NoTls).unwrap();
-            s.batch_execute("SET synchronous_commit = off").unwrap();
-            s.query_one("SELECT machine_id FROM pgticket.lease_machine_id('durable', '30 seconds')", &[]).map(|r| r.get::<_, i32>(0))
+    let leaser = |admin: &mut Client| {
+        let leaser = std::thread::spawn({
+            let dsn = c.dsn_as("lease_user", "postgres");
+            move || {
+                let mut s = postgres::Client::connect(&dsn, postgres::NoTls).unwrap();
+                s.batch_execute("SET synchronous_commit = off").unwrap();
+                s.query_one("SELECT machine_id FROM pgticket.lease_machine_id('durable', '30 seconds')", &[]).map(|r| r.get::<_, i32>(0))
+            }
+        });
+        let pid = waiting_for_standby(admin, "lease_user");
+        admin.query_one("SELECT pg_cancel_backend($1)", &[&pid]).unwrap();
+        leaser.join().unwrap()
+    };
+    let leases = |admin: &mut Client| -> i64 {
+        admin.query_one("SELECT count(*) FROM pgticket.machine_id_leases WHERE holder = 'durable'", &[]).unwrap().get(0)
+    };
+    // Two lines are new (the registry's settings, then the lease): each
+    // wait cancelled refuses the grant and leaves no lease; each line stays
+    // in the ledger (it says too much, never too little), so the same grant
+    // again waits at the next, then at its commit only.
+    let mut refusals = 0;
+    let id = loop {
+        match leaser(&mut admin) {
+            Ok(id) => break id,
+            Err(refused) => {
+                let e = refused.as_db_error().expect("a database error");
+                assert_eq!(e.code().code(), "55000", "{e:?}");
+                assert!(e.message().contains("lease ledger") && e.message().contains("nothing is granted"), "{e:?}");
+                assert!(e.hint().is_some_and(|h| h.contains("synchronous_standby_names")), "{e:?}");
+                assert_eq!(leases(&mut admin), 0, "a refused grant left a lease");
+                refusals += 1;
+                assert!(refusals <= 2, "a grant refused more often than it has new ledger lines");
+            }
         }
-    });
-    let pid = waiting_for_standby(&mut admin, "lease_user");
-    admin.query_one("SELECT pg_cancel_backend($1)", &[&pid]).unwrap();
-    leaser.join().unwrap().expect("the grant committed here once its standby wait was cancelled");
+    };
+    assert_eq!(refusals, 2, "each new ledger line waits for the standby");
+    assert!(id > 0);
+    assert_eq!(leases(&mut admin), 1);
     c.stop();
 }
 
