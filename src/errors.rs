@@ -68,6 +68,9 @@ pub enum TicketError {
     Lease(#[from] ticket_core::leases::LeaseError),
     #[error("snowflake_id() has no valid machine id: {0}")]
     NoMachineLease(String),
+    /// SPEC §20.2: the lease ledger does not parse.
+    #[error("the lease ledger pg_ticket_leases.ledger is damaged: {why}")]
+    DamagedLedger { why: String },
     /// A grant or renewal whose line in this server's lease ledger the
     /// synchronous standbys did not confirm (#46 item 6).
     #[error("the synchronous standbys did not confirm the lease ledger's line {line:?} (the wait was cancelled or the session is ending): nothing is granted or renewed")]
@@ -159,7 +162,8 @@ impl TicketError {
             TicketError::Snowflake(_) | TicketError::NotPreloaded(_) | TicketError::AllocationAfterFlush
             | TicketError::MarkNotCarried { .. }
             | TicketError::MarkWaitsForStandby { .. }
-            | TicketError::LedgerNotConfirmed { .. } => {
+            | TicketError::LedgerNotConfirmed { .. }
+            | TicketError::DamagedLedger { .. } => {
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
             TicketError::ReadOnly { .. } => ERRCODE_READ_ONLY_SQL_TRANSACTION,
@@ -192,6 +196,9 @@ impl TicketError {
             ),
             TicketError::MarkWaitsForStandby { .. } => Some(
                 "A synchronous standby is gone or slow: bring it back, or remove it from synchronous_standby_names and reload. No ID is stamped under a mark the standbys have not confirmed.",
+            ),
+            TicketError::DamagedLedger { .. } => Some(
+                "Each line of pg_ticket_leases.ledger (in the data directory) is a fact of its own: 'lease <machine id> <Unix ms>' or 'registry <ttl ms> <margin ms> <ids>'. Remove the lines that do not parse, or replace them with what they said (a lease's end plus the margin), as the server's owner; until then this server neither stamps its fixed machine id nor grants leases (docs/leases.md, the lease ledger).",
             ),
             TicketError::LedgerNotConfirmed { .. } => Some(
                 "A synchronous standby is gone or slow: bring it back, or remove it from synchronous_standby_names and reload. A lease is granted or renewed only once its line in the lease ledger is on the standbys, so that a promoted standby knows it (docs/leases.md, the lease ledger).",

@@ -545,6 +545,15 @@ pub fn renew(machine_id: u16, lease: i64, secret: u128, ttl_ms: i64, last_issued
         let now_ms = now_unix_ms();
         let (current, secret_check) = (locked.map(|(c, _, _)| c), locked.map_or(SecretCheck::Differs, |(_, _, s)| s));
         if let Err(e) = leases::check_renewal(current.as_ref(), machine_id, lease, secret_check, now_ms, settings::own_snowflake_machine_id()) {
+            // The server stamps this id itself: a lease of it that no line
+            // recorded (granted before the server preloaded pg_ticket)
+            // reaches the ledger at the latest here, so that every
+            // database refuses the id until the lease is over.
+            if let (LeaseError::OwnId { .. }, Some((_, last, _))) = (&e, &locked) {
+                if let Err(e) = crate::snowflake::ledger::record_found_lease(machine_id, last.free_from_ms(margin_ms)) {
+                    return Ok(Err(e));
+                }
+            }
             return Ok(Err(e.into()));
         }
         let (current, last) = locked.map(|(c, l, _)| (c, l)).expect("checked above");
@@ -674,23 +683,37 @@ pub fn check_own_id_unleased(machine_id: u16) -> Result<(), TicketError> {
     })
     .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot read pgticket.machine_id_leases: {e}"));
     if let Some(free_from_ms) = last.map(|l| l.free_from_ms(settings::lease_margin_ms())).filter(|t| *t > now_unix_ms()) {
+        // Into the server's ledger too, so that every database refuses it
+        // from now on (a registry that ran before its server preloaded
+        // pg_ticket recorded none of its grants).
+        crate::snowflake::ledger::record_found_lease(machine_id, free_from_ms)?;
         return Err(LeaseError::OwnIdLeasedOut { machine_id, free_from_ms }.into());
     }
     OWN_ID_CHECKED.set(Some((generation, machine_id)));
     Ok(())
 }
 
-/// A lease row of this server's own fixed id, inserted or updated by
-/// anything: every session checks its own id again at its next
-/// `snowflake_id()` (a relcache invalidation of the table, sent at commit).
-/// Our own grants and renewals never write such a row, so the registry's
-/// steady traffic invalidates nothing.
+/// A lease row inserted or updated by anything. Every live lease goes into
+/// the server's ledger (#46 item 6: a restored or loaded row reaches no
+/// grant's line, and other databases read the ledger only); our own grants
+/// and renewals recorded theirs before, so for them this reads the file and
+/// writes nothing. A row of this server's own fixed id also makes every
+/// session of this database check its own id again at its next
+/// `snowflake_id()` (a relcache invalidation of the table, sent at commit);
+/// our own calls never write such a row.
 #[pg_trigger(sql = false)]
 fn machine_id_leases_changed<'a>(trigger: &'a pgrx::PgTrigger<'a>) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, pgrx::PgTriggerError> {
-    if let (settings::MachineId::Fixed(own), Some(row)) = (settings::machine_id(), trigger.new()) {
-        if row.get_by_name::<i32>("machine_id").ok().flatten() == Some(i32::from(own)) {
-            unsafe { pg_sys::CacheInvalidateRelcacheByRelid(trigger.relation()?.oid()) };
-        }
+    let Some(row) = trigger.new() else { return Ok(None) };
+    let Some(id) = row.get_by_name::<i32>("machine_id").ok().flatten().and_then(|id| u16::try_from(id).ok()) else { return Ok(None) };
+    // A lease runs at most to its expiry (a release only shortens it): the
+    // ledger may say too much, never too little.
+    let expires_at_ms = ms(row.get_by_name::<TimestampWithTimeZone>("expires_at").ok().flatten());
+    let margin_ms = row.get_by_name::<i64>("margin_ms").ok().flatten().unwrap_or(0).max(settings::lease_margin_ms());
+    if let Some(free_from_ms) = expires_at_ms.map(|t| t.saturating_add(margin_ms)).filter(|t| *t > now_unix_ms()) {
+        crate::snowflake::ledger::record_found_lease(id, free_from_ms).unwrap_or_else(|e| e.raise());
+    }
+    if settings::machine_id() == settings::MachineId::Fixed(id) {
+        unsafe { pg_sys::CacheInvalidateRelcacheByRelid(trigger.relation()?.oid()) };
     }
     Ok(None)
 }

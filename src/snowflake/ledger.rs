@@ -14,7 +14,9 @@
 //! PostgreSQL holds its own LWLocks over I/O), never across a transaction
 //! or the synchronous standbys' wait: a grant left open in a transaction
 //! holds nothing of it (§13.11). Readers take no lock (the file is
-//! replaced whole: write, flush, rename).
+//! replaced whole: write, flush, rename). An atomic generation in shared
+//! memory moves after every change of the file (read before the file, so a
+//! reader that raced a writer reads again at its next stamp).
 //! Only a preloading server writes it (the records need its resource
 //! manager); a registry that loads the library on demand keeps none, and
 //! its server stamps no snowflake either.
@@ -22,7 +24,9 @@
 use std::path::Path;
 
 use pgrx::prelude::*;
-use pgrx::{pg_shmem_init, pg_sys, PGRXSharedMemory, PgLwLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use pgrx::{pg_shmem_init, pg_sys, PGRXSharedMemory, PgAtomic, PgLwLock};
 use ticket_core::leases::LeaseError;
 use ticket_core::ledger::{Ledger, Line, OwnIdRefusal};
 
@@ -33,26 +37,85 @@ use crate::settings;
 
 pub const LEDGER_FILE: &str = "pg_ticket_leases.ledger";
 
-fn read() -> Result<Ledger, String> {
+/// Where a ledger found damaged at replay is moved aside (kept for the
+/// administrator; the replay goes on with the lines that parse).
+pub const DAMAGED_FILE: &str = "pg_ticket_leases.ledger.damaged";
+
+enum ReadError {
+    Damaged(String),
+    Io(String),
+}
+
+fn read_text() -> Result<String, String> {
     match std::fs::read_to_string(LEDGER_FILE) {
-        Ok(text) => Ledger::parse(&text).map_err(|e| format!("the lease ledger {LEDGER_FILE} is damaged: {e}")),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Ledger::default()),
+        Ok(text) => Ok(text),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
         Err(e) => Err(format!("cannot read the lease ledger {LEDGER_FILE}: {e}")),
     }
 }
 
+fn read_checked() -> Result<Ledger, ReadError> {
+    let text = read_text().map_err(ReadError::Io)?;
+    Ledger::parse(&text).map_err(ReadError::Damaged)
+}
+
+fn read() -> Result<Ledger, TicketError> {
+    read_checked().map_err(|e| match e {
+        ReadError::Damaged(why) => TicketError::DamagedLedger { why },
+        ReadError::Io(why) => TicketError::BadConfiguration(why),
+    })
+}
+
 fn apply_to_file(line: &Line) -> Result<(), String> {
-    let mut ledger = read()?;
+    let mut ledger = match read_checked() {
+        Ok(ledger) => ledger,
+        Err(ReadError::Damaged(why) | ReadError::Io(why)) => return Err(why),
+    };
     if ledger.apply(line) {
-        ticket_core::snowflake::write_atomically(Path::new(LEDGER_FILE), &ledger.text())?;
+        write(&ledger)?;
     }
     Ok(())
 }
 
-/// A record replayed (crash recovery, a standby): the file takes it in.
-pub(super) fn replay(text: &str) -> Result<(), String> {
-    apply_to_file(&Line::parse(text)?)
+fn write(ledger: &Ledger) -> Result<(), String> {
+    ticket_core::snowflake::write_atomically(Path::new(LEDGER_FILE), &ledger.text())?;
+    GENERATION.get().0.fetch_add(1, Ordering::AcqRel);
+    Ok(())
 }
+
+/// A record replayed (crash recovery, a standby): the file takes it in. A
+/// damaged file does not stop the replay (a standby that cannot replay
+/// stops following its primary, and a server that cannot recover does
+/// not start): its lines that parse are kept with the record's, the file
+/// is moved aside, and the lines lost are named in a WARNING.
+pub(super) fn replay(text: &str) -> Result<(), String> {
+    let line = Line::parse(text)?;
+    let (mut ledger, damaged) = Ledger::parse_lenient(&read_text()?);
+    if damaged.is_empty() {
+        if ledger.apply(&line) {
+            write(&ledger)?;
+        }
+        return Ok(());
+    }
+    std::fs::rename(LEDGER_FILE, DAMAGED_FILE).map_err(|e| format!("cannot move the damaged lease ledger aside: {e}"))?;
+    ledger.apply(&line);
+    write(&ledger)?;
+    pgrx::warning!(
+        "pg_ticket: the lease ledger {LEDGER_FILE} was damaged: moved aside to {DAMAGED_FILE}, and kept without its lines that do not parse ({damaged:?}); a lease they recorded is not checked until it is recorded again (its holder's next renewal)"
+    );
+    Ok(())
+}
+
+/// Moved by every change of the file: a backend that found its own id
+/// clear checks again after any new line (a lease recorded from a
+/// restore or a registry's first preloaded use).
+#[derive(Default)]
+pub struct Generation(AtomicU64);
+
+// An atomic only.
+unsafe impl PGRXSharedMemory for Generation {}
+
+static GENERATION: PgAtomic<Generation> = unsafe { PgAtomic::new(c"pg_ticket_lease_ledger_generation") };
 
 /// The writers' lock (no data of its own).
 #[derive(Clone, Copy, Default)]
@@ -65,6 +128,7 @@ static WRITERS: PgLwLock<Writers> = unsafe { PgLwLock::new(c"pg_ticket_lease_led
 
 pub fn init_shared_memory() {
     pg_shmem_init!(WRITERS);
+    pg_shmem_init!(GENERATION);
 }
 
 fn record(line_of: impl Fn(&Ledger) -> Option<Line>) -> Result<(), TicketError> {
@@ -73,12 +137,12 @@ fn record(line_of: impl Fn(&Ledger) -> Option<Line>) -> Result<(), TicketError> 
     }
     // Most calls record nothing (a renewal within the line written ahead):
     // they take no lock.
-    if line_of(&read().map_err(TicketError::BadConfiguration)?).is_none() {
+    if line_of(&read()?).is_none() {
         return Ok(());
     }
     let (text, lsn) = {
         let _writing = WRITERS.exclusive();
-        let ledger = read().map_err(TicketError::BadConfiguration)?;
+        let ledger = read()?;
         let Some(line) = line_of(&ledger) else { return Ok(()) };
         let text = line.text();
         let lsn = super::wal::logged_ledger_write(&text, || apply_to_file(&line));
@@ -104,24 +168,29 @@ pub fn record_registry(max_ttl_ms: i64, margin_ms: i64, ids: &[u16]) -> Result<(
 /// The longest ttl and margin any registry of this server's timeline
 /// recorded (0 where none did), for a registry's hold-off.
 pub fn longest_ttl_and_margin() -> Result<(i64, i64), TicketError> {
-    let ledger = read().map_err(TicketError::BadConfiguration)?;
+    let ledger = read()?;
     Ok((ledger.max_ttl_ms, ledger.margin_ms))
 }
 
-/// Found clear in this backend (a start's server never grants its own id,
-/// and the refusal after a start only ends).
-static OWN_ID_CLEAR: BackendLocal<bool> = BackendLocal::new(false);
+/// A lease found in a registry's rows that no grant of a preloaded server
+/// recorded (rows restored or loaded from outside, a registry that ran
+/// before its server preloaded pg_ticket): recorded as it stands.
+pub fn record_found_lease(id: u16, free_from_ms: i64) -> Result<(), TicketError> {
+    record(|ledger| ledger.lease_to_record(id, free_from_ms, 0))
+}
 
-/// SPEC §17.4 per server (#46 item 6): the fixed id `own` is refused while
-/// a lease of it is in the ledger, and after this server's promotion while
-/// it is among the ids a registry of its timeline may lease (longest ttl
-/// plus margin, of the ledger and of this server's settings). Checked in every database, before the
-/// first stamp; not during recovery (nothing is stamped then).
+/// The ledger's generation at which this backend found its own id clear:
+/// a server never grants its own id, and the refusal after a start only
+/// ends, but a lease recorded from outside a grant (a restore, a
+/// registry's first preloaded use) moves the generation.
+static OWN_ID_CLEAR: BackendLocal<Option<(u64, u16)>> = BackendLocal::new(None);
+
 pub fn check_own_id(own: u16) -> Result<(), TicketError> {
-    if OWN_ID_CLEAR.get() {
+    let generation = GENERATION.get().0.load(Ordering::Acquire);
+    if OWN_ID_CLEAR.get() == Some((generation, own)) {
         return Ok(());
     }
-    let mut ledger = read().map_err(TicketError::BadConfiguration)?;
+    let mut ledger = read()?;
     // This server's own settings count as well: a standby set higher than
     // its primary's record (review of item 6).
     ledger.max_ttl_ms = ledger.max_ttl_ms.max(settings::lease_max_ttl_ms());
@@ -134,7 +203,7 @@ pub fn check_own_id(own: u16) -> Result<(), TicketError> {
     let began_ms = timeline_start_ms(timeline).unwrap_or(i64::MIN);
     match ledger.own_id_refused_until(own, began_ms, now_unix_ms()) {
         None => {
-            OWN_ID_CLEAR.set(true);
+            OWN_ID_CLEAR.set(Some((generation, own)));
             Ok(())
         }
         Some(OwnIdRefusal::Leased { until_ms }) => Err(LeaseError::OwnIdInLedger { machine_id: own, until_ms }.into()),

@@ -82,6 +82,23 @@ impl Ledger {
         Ok(ledger)
     }
 
+    /// The lines that parse, and the ones that do not: each line is a fact
+    /// of its own, so a damaged line loses that fact only (a standby's
+    /// replay keeps the rest and says which it dropped).
+    pub fn parse_lenient(text: &str) -> (Ledger, Vec<String>) {
+        let mut ledger = Ledger::default();
+        let mut damaged = Vec::new();
+        for line in text.lines().filter(|l| !l.is_empty()) {
+            match Line::parse(line) {
+                Ok(fact) => {
+                    ledger.apply(&fact);
+                }
+                Err(_) => damaged.push(line.to_string()),
+            }
+        }
+        (ledger, damaged)
+    }
+
     pub fn text(&self) -> String {
         let mut out = Line::Registry { max_ttl_ms: self.max_ttl_ms, margin_ms: self.margin_ms, ids: self.leasable.clone() }.text();
         out.push('\n');
@@ -231,6 +248,17 @@ mod tests {
         assert_eq!(ledger.own_id_refused_until(2, 1_000, 10_000), Some(OwnIdRefusal::Leased { until_ms: 41_000 }));
         // Neither.
         assert_eq!(ledger.own_id_refused_until(9, 1_000, 1_000), None);
+    }
+
+    #[test]
+    fn a_damaged_line_loses_its_own_fact_only() {
+        let (ledger, damaged) = Ledger::parse_lenient("registry 30000 10000 1-3\nlease 2 5\u{0}00\nlease 3 9000\n\ngarbage\n");
+        assert_eq!(damaged, vec!["lease 2 5\u{0}00".to_string(), "garbage".to_string()]);
+        assert_eq!(ledger.free_from_ms.get(&3), Some(&9_000));
+        assert_eq!(ledger.free_from_ms.get(&2), None);
+        assert_eq!((ledger.max_ttl_ms, ledger.leasable.clone()), (30_000, vec![1, 2, 3]));
+        assert!(Ledger::parse("lease 3 9000\ngarbage").is_err(), "the strict reader refuses");
+        assert_eq!(Ledger::parse_lenient(&ledger.text()), (ledger, vec![]));
     }
 
     #[test]

@@ -938,10 +938,14 @@ fn a_promoted_standby_never_stamps_an_id_its_primary_leased_out_and_holds_off_fo
 /// server's own fixed id loaded into the table (a data-only restore, a
 /// replication apply; here an INSERT in replica mode) reaches a pooled
 /// session that had already found its id clear (0.4.0 before the `changed`
-/// trigger kept stamping on its cached check).
+/// trigger kept stamping on its cached check), and one in another database
+/// through the server's lease ledger (#46 item 6: 0.5.0's first ledger
+/// recorded grants only, and that session stamped on).
 #[test]
 fn a_lease_of_the_own_id_loaded_from_outside_reaches_a_session_that_checked_before() {
-    let c = Cluster::start("lh-ownid-load", 55603, &["pg_ticket.machine_id = 7"]);
+    let c = Cluster::start("lh-ownid-load", 55603, &["pg_ticket.machine_id = 7", "pg_ticket.lease_margin = '1s'"]);
+    let mut elsewhere = c.fresh_db("lh_ownid_load_app");
+    elsewhere.query_one("SELECT snowflake_id()", &[]).expect("id 7 is clear in another database");
     let mut pooled = c.connect();
     pooled.query_one("SELECT snowflake_id()", &[]).expect("id 7 is clear: nothing leased it");
     let mut loader = c.connect();
@@ -949,16 +953,138 @@ fn a_lease_of_the_own_id_loaded_from_outside_reaches_a_session_that_checked_befo
         .batch_execute(
             "SET session_replication_role = replica;
              INSERT INTO pgticket.machine_id_leases (machine_id, holder, lease, leased_at, expires_at, not_before_ms, margin_ms)
-             VALUES (7, 'restored', 1, now(), now() + interval '1 hour', 0, 1000)",
+             VALUES (7, 'restored', 1, now(), now() + interval '3 seconds', 0, 1000)",
         )
         .unwrap();
     let err = pooled.query_one("SELECT snowflake_id()", &[]).expect_err("the loaded lease is seen at once");
     assert_eq!(sqlstate(&err), "55000", "{err:?}");
-    assert!(message(&err).contains("has leased out until"), "{}", message(&err));
+    assert!(message(&err).contains("leased out until"), "{}", message(&err));
+    let err = elsewhere.query_one("SELECT snowflake_id()", &[]).expect_err("the loaded lease is seen in every database");
+    assert_eq!(sqlstate(&err), "55000", "{err:?}");
+    assert!(message(&err).contains("machine id 7") && message(&err).contains("in any of its databases"), "{}", message(&err));
+    // Once the lease is over plus the margin, both stamp again.
+    wait_until("the loaded lease is over", Duration::from_secs(20), || {
+        pooled.query_one("SELECT snowflake_id()", &[]).is_ok() && elsewhere.query_one("SELECT snowflake_id()", &[]).is_ok()
+    });
     // Without the trigger the check is not trusted at all.
     loader.batch_execute("DROP TRIGGER changed ON pgticket.machine_id_leases").unwrap();
     let mut fresh = c.connect();
     let err = fresh.query_one("SELECT snowflake_id()", &[]).expect_err("a leases table without its trigger is refused");
     assert!(message(&err).contains("lacks its trigger \"changed\""), "{}", message(&err));
+    c.stop();
+}
+
+/// #46 item 6: a registry whose grants reached no ledger (it ran before its
+/// server preloaded pg_ticket; here the file is removed while the server is
+/// down) and whose server is restarted with its fixed id set to an id it
+/// leased out: the registry's rows refuse the id in its own database and
+/// put the lease into the ledger, so another database refuses it too from
+/// then on (it stamped beside the holder before).
+#[test]
+fn a_lease_no_ledger_line_recorded_reaches_every_database_from_the_registrys_rows() {
+    let c = Cluster::start("lh-unrecorded", 55644, &["pg_ticket.machine_id = 1023", "pg_ticket.lease_margin = '1s'", "pg_ticket.lease_max_ttl = '1h'"]);
+    drop(c.fresh_db("lh_unrecorded_app"));
+    let mut db = c.connect();
+    let held = lease(&mut db, "holder", "1 h").unwrap();
+    assert_eq!(held.machine_id, 0);
+    db.batch_execute("ALTER SYSTEM SET pg_ticket.machine_id = 0").unwrap();
+    drop(db);
+    c.stop();
+    std::fs::remove_file(c.data_dir().join("pg_ticket_leases.ledger")).expect("the ledger was written at the grant");
+    c.up(None);
+    let mut app = c.connect_as("postgres", "lh_unrecorded_app");
+    app.batch_execute("SELECT 1").unwrap();
+    let mut db = c.connect();
+    let err = db.query_one("SELECT snowflake_id()", &[]).expect_err("the registry's rows hold the leased id");
+    assert_eq!(sqlstate(&err), "55000", "{err:?}");
+    assert!(message(&err).contains("has leased out until"), "{}", message(&err));
+    let err = app.query_one("SELECT snowflake_id()", &[]).expect_err("another database stamped beside the holder");
+    assert_eq!(sqlstate(&err), "55000", "{err:?}");
+    assert!(message(&err).contains("machine id 0") && message(&err).contains("in any of its databases"), "{}", message(&err));
+    c.stop();
+}
+
+/// #46 item 6: a standby whose lease ledger is damaged went on replaying
+/// nothing (the startup process stopped on the first ledger record, and
+/// the server with it); now the lines that parse are kept with the record,
+/// the file is moved aside, and a WARNING names the lines lost. On a
+/// running server a damaged ledger refuses the fixed id's stamps and the
+/// grants with a hint that says how to repair it.
+#[test]
+fn a_damaged_lease_ledger_stops_no_replay_and_is_refused_with_a_hint() {
+    let conf = ["pg_ticket.machine_id = 1023", "pg_ticket.lease_ids = '5-6'", "pg_ticket.lease_margin = '1s'", "pg_ticket.lease_max_ttl = '1h'"];
+    let primary = Cluster::start("lh-damaged-p", 55645, &conf);
+    let mut db = primary.connect();
+    db.batch_execute("CHECKPOINT").unwrap();
+    let standby = primary.standby("lh-damaged-s", 55646, &["pg_ticket.machine_id = 1022"]);
+    let first = lease(&mut db, "first", "1 h").unwrap();
+    let lsn: String = db.query_one("SELECT pg_current_wal_flush_lsn()::text", &[]).unwrap().get(0);
+    let mut s = standby.connect();
+    let replayed = |s: &mut Client, lsn: &str| s.query_one("SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn", &[&lsn]).unwrap().get::<_, bool>(0);
+    wait_until("the standby replays the first grant", Duration::from_secs(30), || replayed(&mut s, &lsn));
+    let ledger = standby.data_dir().join("pg_ticket_leases.ledger");
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    assert!(text.contains(&format!("lease {} ", first.machine_id)), "{text}");
+    std::fs::write(&ledger, format!("{text}lease 6 12x4\n")).unwrap();
+    let second = lease(&mut db, "second", "1 h").unwrap();
+    let lsn: String = db.query_one("SELECT pg_current_wal_flush_lsn()::text", &[]).unwrap().get(0);
+    wait_until("the standby replays past its damaged ledger", Duration::from_secs(30), || replayed(&mut s, &lsn));
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    assert!(text.contains(&format!("lease {} ", first.machine_id)), "the lines that parse are kept: {text}");
+    assert!(text.contains(&format!("lease {} ", second.machine_id)), "the record replayed: {text}");
+    assert!(!text.contains("12x4"), "{text}");
+    let aside = std::fs::read_to_string(standby.data_dir().join("pg_ticket_leases.ledger.damaged")).unwrap();
+    assert!(aside.contains("12x4"), "the damaged file is kept for the administrator: {aside}");
+    drop(s);
+    standby.stop();
+    // On the primary, running: refused with the repair in the hint.
+    let ledger = primary.data_dir().join("pg_ticket_leases.ledger");
+    let text = std::fs::read_to_string(&ledger).unwrap();
+    std::fs::write(&ledger, format!("{text}garbage\n")).unwrap();
+    let mut fresh = primary.connect();
+    let err = fresh.query_one("SELECT snowflake_id()", &[]).expect_err("a damaged ledger is not read as clear");
+    assert_eq!(sqlstate(&err), "55000", "{err:?}");
+    let hint = err.as_db_error().and_then(|e| e.hint()).unwrap_or_default().to_string();
+    assert!(message(&err).contains("damaged") && hint.contains("Remove the lines that do not parse"), "{} / {hint}", message(&err));
+    let err = lease(&mut fresh, "third", "1 h").expect_err("no grant over a damaged ledger");
+    assert_eq!(sqlstate(&err), "55000", "{err:?}");
+    std::fs::write(&ledger, text).unwrap();
+    fresh.query_one("SELECT snowflake_id()", &[]).expect("repaired");
+    primary.stop();
+}
+
+/// Review of #46 item 6: the hold of an own id among the recorded
+/// `lease_ids` is for grants lost in flight to a promoted standby; a
+/// restart replays all of its own WAL, so its ledger is whole and a fixed
+/// id that no lease names stamps at once (the first ledger held it for
+/// the longest ttl plus margin after every restart, and no setting ended
+/// it).
+#[test]
+fn a_restart_holds_no_fixed_id_that_the_ledger_names_no_lease_of() {
+    let c = Cluster::start(
+        "lh-restart-own",
+        55647,
+        &["pg_ticket.machine_id = 1023", "pg_ticket.lease_ids = '1-10'", "pg_ticket.lease_margin = '1s'", "pg_ticket.lease_max_ttl = '1h'"],
+    );
+    let mut db = c.connect();
+    let held = lease(&mut db, "holder", "1 h").unwrap();
+    assert_eq!(held.machine_id, 1);
+    db.batch_execute("ALTER SYSTEM SET pg_ticket.machine_id = 7").unwrap();
+    drop(db);
+    c.stop();
+    c.up(None);
+    let mut db = c.connect();
+    let id: i64 = db.query_one("SELECT snowflake_id()", &[]).expect("id 7 is among lease_ids but no lease of it was recorded").get(0);
+    let machine: i32 = db.query_one("SELECT machine_id FROM snowflake_decode($1)", &[&id]).unwrap().get(0);
+    assert_eq!(machine, 7);
+    // The leased id stays refused after the restart.
+    db.batch_execute("ALTER SYSTEM SET pg_ticket.machine_id = 1").unwrap();
+    drop(db);
+    c.stop();
+    c.up(None);
+    let mut app = c.fresh_db("lh_restart_own_app");
+    let err = app.query_one("SELECT snowflake_id()", &[]).expect_err("id 1 is leased for an hour");
+    assert_eq!(sqlstate(&err), "55000", "{err:?}");
+    assert!(message(&err).contains("machine id 1") && message(&err).contains("leased out until"), "{}", message(&err));
     c.stop();
 }
