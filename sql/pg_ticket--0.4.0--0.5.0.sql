@@ -61,3 +61,34 @@ CREATE TRIGGER forward_only BEFORE UPDATE ON pgticket.machine_id_leases
                            + coalesce(OLD.margin_ms, 0)))
     EXECUTE FUNCTION pgticket.refuse_rewind();
 ALTER TABLE pgticket.machine_id_leases ENABLE ALWAYS TRIGGER forward_only;
+
+-- 0.5.0 (SPEC s.19): rows that arrive by logical replication (apply
+-- workers and initial copies run in replica mode) merge into a node's
+-- state: the marks of the group's series never go back, and no row of
+-- another node's own state is applied (src/replicated.rs says which).
+CREATE FUNCTION pgticket.by_replication() RETURNS trigger
+    LANGUAGE c AS 'MODULE_PATHNAME', 'by_replication_wrapper';
+REVOKE ALL ON FUNCTION pgticket.by_replication() FROM PUBLIC;
+COMMENT ON FUNCTION pgticket.by_replication() IS
+    'Trigger: a row replicated from another primary keeps the higher mark of a series, and leaves this node''s own state alone';
+CREATE TRIGGER by_replication BEFORE INSERT OR UPDATE OR DELETE ON pgticket.scoped_counters
+    FOR EACH ROW EXECUTE FUNCTION pgticket.by_replication();
+CREATE TRIGGER by_replication BEFORE INSERT OR UPDATE OR DELETE ON pgticket.blocks
+    FOR EACH ROW EXECUTE FUNCTION pgticket.by_replication();
+CREATE TRIGGER by_replication BEFORE INSERT OR UPDATE OR DELETE ON pgticket.tickets
+    FOR EACH ROW EXECUTE FUNCTION pgticket.by_replication();
+CREATE TRIGGER by_replication BEFORE INSERT OR UPDATE OR DELETE ON pgticket.id_space
+    FOR EACH ROW EXECUTE FUNCTION pgticket.by_replication();
+CREATE TRIGGER by_replication BEFORE INSERT OR UPDATE OR DELETE ON pgticket.machine_id_leases
+    FOR EACH ROW EXECUTE FUNCTION pgticket.by_replication();
+CREATE TRIGGER by_replication BEFORE INSERT OR UPDATE OR DELETE ON pgticket.lease_registry
+    FOR EACH ROW EXECUTE FUNCTION pgticket.by_replication();
+CREATE TRIGGER by_replication BEFORE INSERT OR UPDATE OR DELETE ON pgticket.scope_quota
+    FOR EACH ROW EXECUTE FUNCTION pgticket.by_replication();
+ALTER TABLE pgticket.scoped_counters ENABLE REPLICA TRIGGER by_replication;
+ALTER TABLE pgticket.blocks ENABLE REPLICA TRIGGER by_replication;
+ALTER TABLE pgticket.tickets ENABLE REPLICA TRIGGER by_replication;
+ALTER TABLE pgticket.id_space ENABLE REPLICA TRIGGER by_replication;
+ALTER TABLE pgticket.machine_id_leases ENABLE REPLICA TRIGGER by_replication;
+ALTER TABLE pgticket.lease_registry ENABLE REPLICA TRIGGER by_replication;
+ALTER TABLE pgticket.scope_quota ENABLE REPLICA TRIGGER by_replication;

@@ -38,6 +38,8 @@
 //! - `triggers`: `number_rows()` and its per-row scopes.
 //! - `loads`: rows loaded into the mark tables (a restore into a used
 //!   database) keep the higher mark.
+//! - `replicated`: rows replicated from another primary of a group merge
+//!   (SPEC §19): a series' mark never goes back, a node's own state stays.
 //! - `status`: the `pgticket.status` view.
 //! - `pg_tests`: the pgrx tests, run in a server by `make test-pgrx`.
 //! - this file: `_PG_init`, the start-up wiring.
@@ -55,6 +57,7 @@ mod loads;
 mod names;
 mod quota;
 mod refusals;
+mod replicated;
 mod rights;
 mod settings;
 mod snowflake;

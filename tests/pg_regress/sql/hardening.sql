@@ -34,9 +34,12 @@ SELECT first_id FROM reserve_block('gone', 5);
 DELETE FROM pgticket.scoped_counters WHERE queue = 'gone';
 TRUNCATE pgticket.blocks;
 TRUNCATE pgticket.tickets;
+-- In replica mode (0.5.0, SPEC s.19: how replicated rows arrive) the
+-- DELETE is not applied: the row stays.
 SET session_replication_role = replica;
 DELETE FROM pgticket.scoped_counters WHERE queue = 'gone';
 RESET session_replication_role;
+SELECT mark AS still_there FROM pgticket.scoped_counters WHERE queue = 'gone';
 UPDATE pgticket.blocks SET mark = mark + 10 WHERE name = 'gone';
 SELECT next_scoped_id('gone', 'a') AS continues, first_id AS above_the_raised_mark FROM reserve_block('gone', 1);
 -- If the row goes anyway (an owner who disabled the trigger), values taken

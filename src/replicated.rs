@@ -1,0 +1,111 @@
+//! Rows of pg_ticket's state tables that arrive by logical replication, in
+//! a group of primaries that replicate to each other (SPEC §19.1, §19.2):
+//! an apply worker, a subscription's initial copy, pglogical's sync. All of
+//! them write with `session_replication_role = replica`, so the trigger
+//! `by_replication` (BEFORE INSERT, UPDATE or DELETE, FOR EACH ROW, enabled
+//! REPLICA: it fires for them only, never for a node's own writes) sees
+//! every such row, before the tables' other triggers (BEFORE triggers fire
+//! in name order). A load run by hand in replica mode is treated alike.
+//!
+//! Each state table is one of two kinds:
+//! - **Of the group**: `scoped_counters` and `blocks`. A series is one
+//!   series on every node (the same invoice numbers must not come from two
+//!   nodes), so its mark travels: a replicated row merges, the higher mark
+//!   kept — an INSERT of a scope already here raises the mark (the
+//!   `keeps_higher` trigger after this one), an UPDATE never lowers it (a
+//!   publisher's next write-back of 51 after the initial copy kept this
+//!   node's 80 set 0.4.0's counter back to 51), a DELETE is not applied
+//!   (marks are never removed). `rights` is of the group too and has no
+//!   such trigger: a grant or revoke on one node is the group's.
+//! - **Of the node**: `tickets` (each node hands out its own residue class,
+//!   `ticket_offset` of `ticket_increment`, from its own mark: Flickr's two
+//!   ticket servers; another node's row, of another offset, made 0.4.0
+//!   refuse the scope here), `id_space` (the space this node stamped in:
+//!   another node's row was read as this node's lost mark, and every
+//!   snowflake refused), `machine_id_leases` and `lease_registry` (a
+//!   registry's leases are its own fleet's), `scope_quota` (what each role
+//!   created on this node). Nothing of another node's rows is applied.
+//!
+//! Touches: the row in hand only (no table access, no lock); merging into
+//! a row already here is `loads`'.
+
+use pgrx::pg_sys;
+use pgrx::PgTupleDesc;
+use pgrx::prelude::*;
+use std::ffi::CStr;
+
+#[pg_trigger(sql = false)]
+fn by_replication<'a>(trigger: &'a pgrx::PgTrigger<'a>) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, pgrx::PgTriggerError> {
+    let data = trigger.trigger_data();
+    let table = unsafe { CStr::from_ptr((*(*data.tg_relation).rd_rel).relname.data.as_ptr()) };
+    let event = data.tg_event & pg_sys::TRIGGER_EVENT_OPMASK;
+    let of_the_group = matches!(table.to_bytes(), b"scoped_counters" | b"blocks");
+    if !of_the_group || event == pg_sys::TRIGGER_EVENT_DELETE {
+        return Ok(None);
+    }
+    if event == pg_sys::TRIGGER_EVENT_INSERT {
+        return Ok(trigger.new());
+    }
+    // An UPDATE: the higher of the two marks, within a limit that holds it.
+    let tupdesc = unsafe { (*data.tg_relation).rd_att };
+    let (old, new) = (data.tg_trigtuple, data.tg_newtuple);
+    let column = |name: &CStr| unsafe { pg_sys::SPI_fnumber(tupdesc, name.as_ptr()) };
+    let value = |tuple: pg_sys::HeapTuple, n: i32| {
+        let mut null = true;
+        let datum = unsafe { pg_sys::heap_getattr(tuple, n, tupdesc, &mut null) };
+        (!null).then(|| datum.value() as i64)
+    };
+    let (mark_n, max_n) = (column(c"mark"), column(c"max_mark"));
+    let (Some(old_mark), Some(new_mark), Some(new_max)) = (value(old, mark_n), value(new, mark_n), value(new, max_n)) else {
+        // A NULL is the apply's to fail on (NOT NULL).
+        return Ok(trigger.new());
+    };
+    let mark = old_mark.max(new_mark);
+    if mark == new_mark {
+        return Ok(trigger.new());
+    }
+    let columns = [mark_n, max_n];
+    let values = [pg_sys::Datum::from(mark), pg_sys::Datum::from(new_max.max(mark))];
+    let nulls = [false, false];
+    let merged = unsafe {
+        pg_sys::heap_modify_tuple_by_cols(new, tupdesc, 2, columns.as_ptr() as *mut i32, values.as_ptr() as *mut _, nulls.as_ptr() as *mut bool)
+    };
+    Ok(Some(unsafe { PgHeapTuple::from_heap_tuple(PgTupleDesc::from_pg_unchecked(tupdesc), merged) }))
+}
+
+extension_sql!(
+    r#"
+-- 0.5.0 (SPEC s.19): rows that arrive by logical replication (apply
+-- workers and initial copies run in replica mode) merge into a node's
+-- state: the marks of the group's series never go back, and no row of
+-- another node's own state is applied (src/replicated.rs says which).
+CREATE FUNCTION pgticket.by_replication() RETURNS trigger
+    LANGUAGE c AS 'MODULE_PATHNAME', 'by_replication_wrapper';
+REVOKE ALL ON FUNCTION pgticket.by_replication() FROM PUBLIC;
+COMMENT ON FUNCTION pgticket.by_replication() IS
+    'Trigger: a row replicated from another primary keeps the higher mark of a series, and leaves this node''s own state alone';
+CREATE TRIGGER by_replication BEFORE INSERT OR UPDATE OR DELETE ON pgticket.scoped_counters
+    FOR EACH ROW EXECUTE FUNCTION pgticket.by_replication();
+CREATE TRIGGER by_replication BEFORE INSERT OR UPDATE OR DELETE ON pgticket.blocks
+    FOR EACH ROW EXECUTE FUNCTION pgticket.by_replication();
+CREATE TRIGGER by_replication BEFORE INSERT OR UPDATE OR DELETE ON pgticket.tickets
+    FOR EACH ROW EXECUTE FUNCTION pgticket.by_replication();
+CREATE TRIGGER by_replication BEFORE INSERT OR UPDATE OR DELETE ON pgticket.id_space
+    FOR EACH ROW EXECUTE FUNCTION pgticket.by_replication();
+CREATE TRIGGER by_replication BEFORE INSERT OR UPDATE OR DELETE ON pgticket.machine_id_leases
+    FOR EACH ROW EXECUTE FUNCTION pgticket.by_replication();
+CREATE TRIGGER by_replication BEFORE INSERT OR UPDATE OR DELETE ON pgticket.lease_registry
+    FOR EACH ROW EXECUTE FUNCTION pgticket.by_replication();
+CREATE TRIGGER by_replication BEFORE INSERT OR UPDATE OR DELETE ON pgticket.scope_quota
+    FOR EACH ROW EXECUTE FUNCTION pgticket.by_replication();
+ALTER TABLE pgticket.scoped_counters ENABLE REPLICA TRIGGER by_replication;
+ALTER TABLE pgticket.blocks ENABLE REPLICA TRIGGER by_replication;
+ALTER TABLE pgticket.tickets ENABLE REPLICA TRIGGER by_replication;
+ALTER TABLE pgticket.id_space ENABLE REPLICA TRIGGER by_replication;
+ALTER TABLE pgticket.machine_id_leases ENABLE REPLICA TRIGGER by_replication;
+ALTER TABLE pgticket.lease_registry ENABLE REPLICA TRIGGER by_replication;
+ALTER TABLE pgticket.scope_quota ENABLE REPLICA TRIGGER by_replication;
+"#,
+    name = "by_replication",
+    requires = ["id_space", "schema"]
+);
