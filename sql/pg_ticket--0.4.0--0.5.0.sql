@@ -92,3 +92,52 @@ ALTER TABLE pgticket.id_space ENABLE REPLICA TRIGGER by_replication;
 ALTER TABLE pgticket.machine_id_leases ENABLE REPLICA TRIGGER by_replication;
 ALTER TABLE pgticket.lease_registry ENABLE REPLICA TRIGGER by_replication;
 ALTER TABLE pgticket.scope_quota ENABLE REPLICA TRIGGER by_replication;
+
+-- SPEC s.19.3: the functions of a group of primaries (src/group.rs).
+CREATE  FUNCTION pgticket."join_group"() RETURNS TEXT /* String */
+STRICT VOLATILE  
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'join_group_wrapper';
+CREATE  FUNCTION pgticket."move_home"(
+	"kind" TEXT, /* Option < & str > */
+	"queue" TEXT, /* Option < & str > */
+	"domain" TEXT DEFAULT NULL, /* Option < & str > */
+	"to_node" TEXT DEFAULT NULL, /* Option < & str > */
+	"above" bigint DEFAULT NULL /* Option < i64 > */
+) RETURNS bool /* bool */
+VOLATILE  
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'move_home_wrapper';
+
+-- 0.5.0 (SPEC s.19.3): the nodes of a group of primaries this database
+-- knows (each node writes its own row with pgticket.join_group(); the
+-- others arrive by replication), and each gap-free series' home node (none
+-- on a server alone) with the count of handovers that moved it.
+CREATE TABLE pgticket.nodes (
+    node bigint PRIMARY KEY,
+    name text NOT NULL,
+    creates_scopes boolean NOT NULL,
+    announced_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+COMMENT ON TABLE pgticket.nodes IS
+    'The nodes of the group of primaries this database replicates with (system identifier, name, whether it creates new gap-free scopes), each written by its own node';
+REVOKE ALL ON pgticket.nodes FROM PUBLIC;
+CREATE FUNCTION pgticket.nodes_changed() RETURNS trigger
+    LANGUAGE c AS 'MODULE_PATHNAME', 'nodes_changed_wrapper';
+REVOKE ALL ON FUNCTION pgticket.nodes_changed() FROM PUBLIC;
+COMMENT ON FUNCTION pgticket.nodes_changed() IS
+    'Trigger: a change of pgticket.nodes reaches every session';
+CREATE TRIGGER changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgticket.nodes
+    FOR EACH STATEMENT EXECUTE FUNCTION pgticket.nodes_changed();
+ALTER TABLE pgticket.nodes ENABLE ALWAYS TRIGGER changed;
+CREATE TRIGGER by_replication BEFORE INSERT OR UPDATE OR DELETE ON pgticket.nodes
+    FOR EACH ROW EXECUTE FUNCTION pgticket.by_replication();
+ALTER TABLE pgticket.nodes ENABLE REPLICA TRIGGER by_replication;
+ALTER TABLE pgticket.scoped_counters ADD COLUMN home bigint, ADD COLUMN home_moves bigint NOT NULL DEFAULT 0;
+ALTER TABLE pgticket.blocks ADD COLUMN home bigint, ADD COLUMN home_moves bigint NOT NULL DEFAULT 0;
+REVOKE EXECUTE ON FUNCTION pgticket.join_group() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgticket.move_home(text, text, text, text, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION pgticket.join_group() IS
+    'Announces this node in pgticket.nodes (its name, whether it creates new gap-free scopes) to the group of primaries; returns its name';
+COMMENT ON FUNCTION pgticket.move_home(text, text, text, text, bigint) IS
+    'Moves the home node of a gap-free scope (kind scope) or block name (kind block, domain NULL) to node to_node: on its home, with its mark; elsewhere only with above, a value past all the old home committed';

@@ -68,6 +68,11 @@ pub enum TicketError {
     Lease(#[from] ticket_core::leases::LeaseError),
     #[error("snowflake_id() has no valid machine id: {0}")]
     NoMachineLease(String),
+    /// SPEC §19.3: a gap-free scope or block name used or created against
+    /// the group's rule (its home is another node; it is new and this node
+    /// may not create it now), with a hint naming what to do.
+    #[error("{what}")]
+    NotInGroupRule { what: String, hint: String },
     /// SPEC §20.2: the lease ledger does not parse.
     #[error("the lease ledger pg_ticket_leases.ledger is damaged: {why}")]
     DamagedLedger { why: String },
@@ -163,7 +168,8 @@ impl TicketError {
             | TicketError::MarkNotCarried { .. }
             | TicketError::MarkWaitsForStandby { .. }
             | TicketError::LedgerNotConfirmed { .. }
-            | TicketError::DamagedLedger { .. } => {
+            | TicketError::DamagedLedger { .. }
+            | TicketError::NotInGroupRule { .. } => {
                 ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE
             }
             TicketError::ReadOnly { .. } => ERRCODE_READ_ONLY_SQL_TRANSACTION,
@@ -306,6 +312,9 @@ impl TicketError {
         let mut report = ErrorReport::new(self.sqlstate(), self.to_string(), "pg_ticket");
         if let Some(hint) = self.hint() {
             report = report.set_hint(hint);
+        }
+        if let TicketError::NotInGroupRule { hint, .. } = &self {
+            report = report.set_hint(hint.clone());
         }
         report.report(PgLogLevel::ERROR);
         unreachable!("ERROR does not return")

@@ -21,6 +21,8 @@
 //! - `xact`: what an allocation asks of the transaction (writable, durable).
 //! - `quota`: how many scopes each role may create.
 //! - `rights`: which roles may allocate from which scopes (SPEC §16).
+//! - `group`: a group of primaries replicating to each other (SPEC §19.3):
+//!   this node, the nodes known, a gap-free scope's home and who creates.
 //!
 //! 3. Allocators.
 //! - `counters/`: scoped counters and blocks: the transaction's held marks,
@@ -52,6 +54,7 @@ mod backend_local;
 mod clock;
 mod counters;
 mod errors;
+mod group;
 mod leases;
 mod loads;
 mod names;

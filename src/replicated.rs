@@ -25,6 +25,12 @@
 //!   snowflake refused), `machine_id_leases` and `lease_registry` (a
 //!   registry's leases are its own fleet's), `scope_quota` (what each role
 //!   created on this node). Nothing of another node's rows is applied.
+//! - `nodes` (the group's members, `group`): every node's row is applied
+//!   but a row naming this node (only this node writes its own).
+//!
+//! A series' home (SPEC §19.3) moves only by a later handover: an UPDATE
+//! with no more `home_moves` than the row here keeps the home here (a
+//! former home's write arriving after the handover does not take it back).
 //!
 //! Touches: the row in hand only (no table access, no lock); merging into
 //! a row already here is `loads`'.
@@ -39,6 +45,27 @@ fn by_replication<'a>(trigger: &'a pgrx::PgTrigger<'a>) -> Result<Option<PgHeapT
     let data = trigger.trigger_data();
     let table = unsafe { CStr::from_ptr((*(*data.tg_relation).rd_rel).relname.data.as_ptr()) };
     let event = data.tg_event & pg_sys::TRIGGER_EVENT_OPMASK;
+    // Enabled REPLICA, it fires in replica mode only; should it be enabled
+    // otherwise (state_tables refuses the tables then), a node's own writes
+    // pass untouched.
+    if unsafe { pg_sys::SessionReplicationRole } != pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32 {
+        return Ok(if event == pg_sys::TRIGGER_EVENT_DELETE { trigger.old() } else { trigger.new() });
+    }
+    let tupdesc = unsafe { (*data.tg_relation).rd_att };
+    let column = |name: &CStr| unsafe { pg_sys::SPI_fnumber(tupdesc, name.as_ptr()) };
+    let value = |tuple: pg_sys::HeapTuple, n: i32| {
+        let mut null = true;
+        let datum = if n > 0 { unsafe { pg_sys::heap_getattr(tuple, n, tupdesc, &mut null) } } else { pg_sys::Datum::from(0) };
+        (!null).then(|| datum.value() as i64)
+    };
+    if table.to_bytes() == b"nodes" {
+        // The group's nodes: every node's row but this node's own, which
+        // only this node writes (a row naming it from elsewhere is a copy
+        // of this node, not news of it).
+        let row = if event == pg_sys::TRIGGER_EVENT_INSERT { data.tg_trigtuple } else { data.tg_newtuple };
+        let mine = event != pg_sys::TRIGGER_EVENT_DELETE && value(row, column(c"node")) == Some(crate::group::node_id());
+        return Ok(if event == pg_sys::TRIGGER_EVENT_DELETE || mine { None } else { trigger.new() });
+    }
     let of_the_group = matches!(table.to_bytes(), b"scoped_counters" | b"blocks");
     if !of_the_group || event == pg_sys::TRIGGER_EVENT_DELETE {
         return Ok(None);
@@ -46,29 +73,38 @@ fn by_replication<'a>(trigger: &'a pgrx::PgTrigger<'a>) -> Result<Option<PgHeapT
     if event == pg_sys::TRIGGER_EVENT_INSERT {
         return Ok(trigger.new());
     }
-    // An UPDATE: the higher of the two marks, within a limit that holds it.
-    let tupdesc = unsafe { (*data.tg_relation).rd_att };
+    // An UPDATE: the higher of the two marks, within a limit that holds
+    // it; the home moves only by a later handover (more moves), never by
+    // an older write of a former home arriving late.
     let (old, new) = (data.tg_trigtuple, data.tg_newtuple);
-    let column = |name: &CStr| unsafe { pg_sys::SPI_fnumber(tupdesc, name.as_ptr()) };
-    let value = |tuple: pg_sys::HeapTuple, n: i32| {
-        let mut null = true;
-        let datum = unsafe { pg_sys::heap_getattr(tuple, n, tupdesc, &mut null) };
-        (!null).then(|| datum.value() as i64)
-    };
-    let (mark_n, max_n) = (column(c"mark"), column(c"max_mark"));
+    let (mark_n, max_n, home_n, moves_n) = (column(c"mark"), column(c"max_mark"), column(c"home"), column(c"home_moves"));
     let (Some(old_mark), Some(new_mark), Some(new_max)) = (value(old, mark_n), value(new, mark_n), value(new, max_n)) else {
         // A NULL is the apply's to fail on (NOT NULL).
         return Ok(trigger.new());
     };
     let mark = old_mark.max(new_mark);
-    if mark == new_mark {
+    let (old_home, old_moves) = (value(old, home_n), value(old, moves_n).unwrap_or(0));
+    let new_moves = value(new, moves_n).unwrap_or(0);
+    let keep_old_home = home_n > 0 && old_home.is_some() && new_moves <= old_moves;
+    if mark == new_mark && !keep_old_home {
         return Ok(trigger.new());
     }
-    let columns = [mark_n, max_n];
-    let values = [pg_sys::Datum::from(mark), pg_sys::Datum::from(new_max.max(mark))];
-    let nulls = [false, false];
+    let mut columns = vec![mark_n, max_n];
+    let mut values = vec![pg_sys::Datum::from(mark), pg_sys::Datum::from(new_max.max(mark))];
+    if keep_old_home {
+        columns.extend([home_n, moves_n]);
+        values.extend([pg_sys::Datum::from(old_home.unwrap_or_default()), pg_sys::Datum::from(old_moves)]);
+    }
+    let nulls = vec![false; columns.len()];
     let merged = unsafe {
-        pg_sys::heap_modify_tuple_by_cols(new, tupdesc, 2, columns.as_ptr() as *mut i32, values.as_ptr() as *mut _, nulls.as_ptr() as *mut bool)
+        pg_sys::heap_modify_tuple_by_cols(
+            new,
+            tupdesc,
+            columns.len() as i32,
+            columns.as_ptr() as *mut i32,
+            values.as_ptr() as *mut _,
+            nulls.as_ptr() as *mut bool,
+        )
     };
     Ok(Some(unsafe { PgHeapTuple::from_heap_tuple(PgTupleDesc::from_pg_unchecked(tupdesc), merged) }))
 }

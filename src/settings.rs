@@ -48,6 +48,8 @@ static LEASE_MAX_TTL: GucSetting<i32> = GucSetting::<i32>::new(45_000);
 static LEASE_IDS: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c"0-1023"));
 static REGISTRY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 static MACHINE_LEASE_TTL: GucSetting<i32> = GucSetting::<i32>::new(30_000);
+static NODE_NAME: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(Some(c""));
+static CREATES_SCOPES: GucSetting<bool> = GucSetting::<bool>::new(true);
 /// Test builds only (TESTING.md): fault points.
 static TEST_REORDER_TICKET_INSTALLS: GucSetting<bool> = GucSetting::<bool>::new(false);
 
@@ -133,6 +135,23 @@ pub fn init() -> Option<Preloaded> {
         3_600_000,
         GucContext::Userset,
         GucFlags::UNIT_MS,
+    );
+    // A group of primaries (SPEC §19.3, reload): need not preload.
+    GucRegistry::define_string_guc(
+        c"pg_ticket.node_name",
+        c"This server's name in a group of primaries replicating to each other (empty: cluster_name, else its system identifier).",
+        c"Other nodes name it in their refusals (a scope's home, the node that creates new scopes).",
+        &NODE_NAME,
+        GucContext::Sighup,
+        GucFlags::default(),
+    );
+    GucRegistry::define_bool_guc(
+        c"pg_ticket.creates_scopes",
+        c"Whether new gap-free scopes and block names are created on this server; in a group of primaries, on exactly one node.",
+        c"Off: a new scope or block name is refused here (55000); the ones that exist go on at their home.",
+        &CREATES_SCOPES,
+        GucContext::Sighup,
+        GucFlags::default(),
     );
     // The registry's settings (reload): a registry need not preload.
     GucRegistry::define_int_guc(
@@ -419,8 +438,9 @@ fn refuse_bad_configured_values() {
         Int { min: i64, max: i64, unit_ms: bool },
     }
     use Kind::*;
-    let checked: [(&CStr, Kind); 8] = [
+    let checked: [(&CStr, Kind); 9] = [
         (c"pg_ticket.durable_commit", Bool),
+        (c"pg_ticket.creates_scopes", Bool),
         (c"pg_ticket.scope_rights", Bool),
         (c"pg_ticket.max_transaction_entries", Int { min: 10, max: i64::from(i32::MAX), unit_ms: false }),
         (c"pg_ticket.max_block_size", Int { min: 1, max: i64::from(i32::MAX), unit_ms: false }),
@@ -858,6 +878,15 @@ pub fn ticket_step_bounds() -> (i64, i64) {
 
 pub fn ticket_wait_timeout() -> std::time::Duration {
     std::time::Duration::from_millis(TICKET_WAIT_TIMEOUT.get() as u64)
+}
+
+/// `pg_ticket.node_name`, None when empty.
+pub fn node_name() -> Option<String> {
+    NODE_NAME.get().map(|c| c.to_string_lossy().into_owned()).filter(|n| !n.is_empty())
+}
+
+pub fn creates_scopes() -> bool {
+    CREATES_SCOPES.get()
 }
 
 pub fn scope_rights() -> bool {

@@ -41,10 +41,14 @@ pub struct Tables {
     pub scope_quota: Option<Table>,
     /// The grants of scopes and block names to roles (0.3.0).
     pub rights: Option<Table>,
+    /// The nodes of a group of primaries this database knows (0.5.0).
+    pub nodes: Option<Table>,
     /// The tables have the `max_mark` column of 0.2.0. Without it they are
     /// 0.1.0's, not yet updated, and every limit is 2^63-1: the library
     /// serves both.
     pub has_limits: bool,
+    /// The mark tables have 0.5.0's `home` column (a group's rule).
+    pub has_home: bool,
 }
 
 /// How many of our own statements on the state tables run now (as an
@@ -127,8 +131,13 @@ pub fn lookup() -> Option<Tables> {
                         AND NOT a.attisdropped), \
                     c.relpersistence::pg_catalog.text, c.relnamespace::pg_catalog.regnamespace::pg_catalog.text, \
                     (SELECT pg_catalog.string_agg(t.tgname::pg_catalog.text, ', ') FROM pg_catalog.pg_trigger t \
-                      WHERE t.tgrelid OPERATOR(pg_catalog.=) c.oid AND t.tgenabled OPERATOR(pg_catalog.<>) 'A' \
-                        AND t.tgname OPERATOR(pg_catalog.=) ANY ('{never_emptied,never_truncated,forward_only,changed,keeps_higher,keeps_present}')) \
+                      WHERE t.tgrelid OPERATOR(pg_catalog.=) c.oid \
+                        AND ((t.tgenabled OPERATOR(pg_catalog.<>) 'A' \
+                              AND t.tgname OPERATOR(pg_catalog.=) ANY ('{never_emptied,never_truncated,forward_only,changed,keeps_higher,keeps_present}')) \
+                          OR (t.tgenabled OPERATOR(pg_catalog.<>) 'R' AND t.tgname OPERATOR(pg_catalog.=) 'by_replication'))), \
+                    EXISTS (SELECT FROM pg_catalog.pg_attribute a \
+                      WHERE a.attrelid OPERATOR(pg_catalog.=) c.oid AND a.attname OPERATOR(pg_catalog.=) 'home' \
+                        AND NOT a.attisdropped) \
                FROM pg_catalog.pg_extension e \
                JOIN pg_catalog.pg_depend d ON d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass \
                     AND d.refobjid OPERATOR(pg_catalog.=) e.oid AND d.deptype OPERATOR(pg_catalog.=) 'e' \
@@ -140,6 +149,7 @@ pub fn lookup() -> Option<Tables> {
         )?;
         let (mut scoped_counters, mut blocks, mut tickets, mut machine_id_leases, mut id_space, mut scope_quota, mut rights, mut has_limits) =
             (None, None, None, None, None, None, None, false);
+        let (mut nodes, mut has_home) = (None, false);
         for row in rows {
             let name: String = row.get(1)?.unwrap_or_default();
             let table = Table { oid: row.get(2)?.expect("oid"), owner: row.get(3)?.expect("relowner") };
@@ -152,7 +162,9 @@ pub fn lookup() -> Option<Tables> {
                 "scoped_counters" => {
                     scoped_counters = Some(table);
                     has_limits = row.get::<bool>(4)?.unwrap_or(false);
+                    has_home = row.get::<bool>(8)?.unwrap_or(false);
                 }
+                "nodes" => nodes = Some(table),
                 "blocks" => blocks = Some(table),
                 "tickets" => tickets = Some(table),
                 "machine_id_leases" => machine_id_leases = Some(table),
@@ -163,7 +175,9 @@ pub fn lookup() -> Option<Tables> {
             }
         }
         Ok::<_, pgrx::spi::Error>(match (scoped_counters, blocks) {
-            (Some(scoped_counters), Some(blocks)) => Some(Tables { scoped_counters, blocks, tickets, machine_id_leases, id_space, scope_quota, rights, has_limits }),
+            (Some(scoped_counters), Some(blocks)) => {
+                Some(Tables { scoped_counters, blocks, tickets, machine_id_leases, id_space, scope_quota, rights, nodes, has_limits, has_home })
+            }
             _ => None,
         })
     })
@@ -192,9 +206,9 @@ fn refuse_unfit(table: &str, persistence: &str, schema: &str, not_always: Option
         // pg_restore --disable-triggers enables them again as ORIGIN: a
         // session with session_replication_role = replica would skip them.
         TicketError::StateTableUnfit(format!(
-            "pg_ticket: the state table {schema}.{table}'s guard trigger {triggers} is not enabled ALWAYS \
+            "pg_ticket: the state table {schema}.{table}'s guard trigger {triggers} is not enabled ALWAYS (by_replication: REPLICA) \
              (pg_restore --disable-triggers re-enables triggers for origin sessions only); \
-             run ALTER TABLE {schema}.{table} ENABLE ALWAYS TRIGGER <name> for each"
+             run ALTER TABLE {schema}.{table} ENABLE ALWAYS TRIGGER <name> for each (by_replication: ENABLE REPLICA TRIGGER)"
         ))
         .raise();
     }
@@ -268,7 +282,7 @@ unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid:
         MISSED_WHILE_LOOKING.set(Some(n + 1));
     }
     if let Some(t) = CACHE.get() {
-        let ours = [Some(t.scoped_counters), Some(t.blocks), t.tickets, t.machine_id_leases, t.id_space, t.scope_quota, t.rights];
+        let ours = [Some(t.scoped_counters), Some(t.blocks), t.tickets, t.machine_id_leases, t.id_space, t.scope_quota, t.rights, t.nodes];
         // A table found missing may come back (renamed back, re-added to
         // the extension) under an OID we do not know: any change looks again.
         let incomplete = ours.iter().any(Option::is_none);

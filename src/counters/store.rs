@@ -45,6 +45,9 @@ fn prepare(client: &SpiClient<'_>, kind: Kind, tables: Tables) -> Statements {
     let (table, keys) = table(kind);
     // 0.1.0's tables have no limit column: their limit is 2^63-1.
     let limit = if tables.has_limits { "max_mark" } else { "9223372036854775807::pg_catalog.int8" };
+    // 0.5.0's home (a group's rule, SPEC §19.3): returned with the mark; a
+    // new row's is this node's. Before the update there is none.
+    let home = if tables.has_home { "home" } else { "NULL::pg_catalog.int8" };
     let key_cond = keys
         .iter()
         .enumerate()
@@ -70,17 +73,24 @@ fn prepare(client: &SpiClient<'_>, kind: Kind, tables: Tables) -> Statements {
             format!(
                 "UPDATE {table} SET mark = mark OPERATOR(pg_catalog.+) ${n} \
                  WHERE {key_cond} AND mark OPERATOR(pg_catalog.<=) \
-                 ({limit} OPERATOR(pg_catalog.-) ${n}) RETURNING mark, {limit}"
+                 ({limit} OPERATOR(pg_catalog.-) ${n}) RETURNING mark, {limit}, {home}"
             ),
             &types,
         ),
         insert: keep(
-            format!("INSERT INTO {table} ({cols}, mark) VALUES ({params}) ON CONFLICT DO NOTHING RETURNING mark, {limit}"),
-            &types,
+            if tables.has_home {
+                format!(
+                    "INSERT INTO {table} ({cols}, mark, home) VALUES ({params}, ${}) ON CONFLICT DO NOTHING RETURNING mark, {limit}, home",
+                    n + 1
+                )
+            } else {
+                format!("INSERT INTO {table} ({cols}, mark) VALUES ({params}) ON CONFLICT DO NOTHING RETURNING mark, {limit}, {home}")
+            },
+            &write_types,
         ),
         // Read-only, so it also runs on a hot standby.
         read: client
-            .prepare(format!("SELECT mark, {limit} FROM {table} WHERE {key_cond}").as_str(), key_types)
+            .prepare(format!("SELECT mark, {limit}, {home} FROM {table} WHERE {key_cond}").as_str(), key_types)
             .unwrap_or_else(|e| panic!("pg_ticket: cannot prepare the mark read: {e}"))
             .keep(),
         // Without the column no limit can have been set (set_*_limit come
@@ -121,22 +131,25 @@ fn args<'a>(a: Name<'a>, b: Name<'a>, kind: Kind, values: &[i64]) -> Vec<DatumWi
     v
 }
 
-fn first_row(client: &mut SpiClient<'_>, stmt: &OwnedPreparedStatement, args: &[DatumWithOid<'_>]) -> Option<Mark> {
+/// A row: its mark and limit, and its home node (None: none recorded).
+type Row = (Mark, Option<i64>);
+
+fn first_row(client: &mut SpiClient<'_>, stmt: &OwnedPreparedStatement, args: &[DatumWithOid<'_>]) -> Option<Row> {
     mark_of(client.update(stmt, Some(1), args))
 }
 
 /// The row of `(a, b)` through the read-only statement (no row: None).
-fn select_mark(client: &SpiClient<'_>, st: &Statements, kind: Kind, a: Name<'_>, b: Name<'_>) -> Option<Mark> {
+fn select_mark(client: &SpiClient<'_>, st: &Statements, kind: Kind, a: Name<'_>, b: Name<'_>) -> Option<Row> {
     mark_of(client.select(&st.read, Some(1), &args(a, b, kind, &[])))
 }
 
-fn mark_of(result: pgrx::spi::SpiResult<pgrx::spi::SpiTupleTable<'_>>) -> Option<Mark> {
+fn mark_of(result: pgrx::spi::SpiResult<pgrx::spi::SpiTupleTable<'_>>) -> Option<Row> {
     let table = result.unwrap_or_else(|e| pgrx::error!("pg_ticket: {e}"));
     if table.is_empty() {
         return None;
     }
-    let (mark, limit) = table.first().get_two::<i64, i64>().unwrap_or_else(|e| pgrx::error!("pg_ticket: {e}"));
-    Some(Mark { mark: mark.expect("mark is NOT NULL"), limit: limit.expect("max_mark is NOT NULL") })
+    let (mark, limit, home) = table.first().get_three::<i64, i64, i64>().unwrap_or_else(|e| pgrx::error!("pg_ticket: {e}"));
+    Some((Mark { mark: mark.expect("mark is NOT NULL"), limit: limit.expect("max_mark is NOT NULL") }, home))
 }
 
 /// Outcome of locking a row and taking `n` from it.
@@ -154,25 +167,50 @@ pub fn lock_and_take(kind: Kind, a: Name<'_>, b: Name<'_>, n: i64) -> Locked {
     // against the role that made it (`crate::quota`).
     let creator = crate::quota::creator();
     with_statements(kind, |client, st| {
+        // SPEC §19.3: a row of another node's home is refused (what this
+        // transaction's UPDATE took, the error rolls back); one of no home,
+        // in a group, becomes the home of the node that creates scopes.
+        let at_home = |client: &mut SpiClient<'_>, (row, home): Row| {
+            match crate::group::check_home(&kind.label(a, b), home).unwrap_or_else(|e| e.raise()) {
+                crate::group::AtHome::Yes => {}
+                crate::group::AtHome::Claim => {
+                    let (table, keys) = table(kind);
+                    let key_cond = keys.iter().enumerate().map(|(i, col)| format!("{col} OPERATOR(pg_catalog.=) ${}", i + 1)).collect::<Vec<_>>().join(" AND ");
+                    client
+                        .update(
+                            &format!("UPDATE {table} SET home = ${} WHERE {key_cond} AND home IS NULL", keys.len() + 1),
+                            None,
+                            &args(a, b, kind, &[crate::group::node_id()]),
+                        )
+                        .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot record the home of {}: {e}", kind.label(a, b)));
+                }
+            }
+            row
+        };
         let with_n = args(a, b, kind, &[n]);
         // A few rounds cover "created concurrently between our UPDATE and
         // INSERT"; under REPEATABLE READ the INSERT itself raises 40001.
         for _ in 0..3 {
             if let Some(row) = first_row(client, &st.bump, &with_n) {
-                return Locked::Took(row);
+                return Locked::Took(at_home(client, row));
             }
             if let Some(row) = select_mark(client, st, kind, a, b) {
+                let row = at_home(client, row);
                 if row.mark.checked_add(n).is_none_or(|m| m > row.limit) {
                     return Locked::WouldOverflow(row);
                 }
                 continue; // created since the UPDATE looked: take from it
             }
             // A new row: room for it is checked first, and it is counted
-            // (at the transaction's pre-commit, `crate::quota`).
+            // (at the transaction's pre-commit, `crate::quota`); in a group
+            // of primaries, only the node that creates scopes makes it.
             crate::quota::check_room(creator).unwrap_or_else(|e| e.about(kind.label(a, b)).raise());
-            if let Some(row) = first_row(client, &st.insert, &with_n) {
+            crate::group::check_may_create(&kind.label(a, b)).unwrap_or_else(|e| e.raise());
+            let mut insert_args = args(a, b, kind, &[n]);
+            insert_args.push(crate::group::home_of_new().into());
+            if let Some(row) = first_row(client, &st.insert, &insert_args) {
                 crate::quota::created(creator);
-                return Locked::Took(row);
+                return Locked::Took(at_home(client, row));
             }
         }
         pgrx::error!(
@@ -184,7 +222,7 @@ pub fn lock_and_take(kind: Kind, a: Name<'_>, b: Name<'_>, n: i64) -> Locked {
 
 /// The committed mark as this transaction's snapshot sees it (0: never used).
 pub fn read(kind: Kind, a: Name<'_>, b: Name<'_>) -> i64 {
-    with_statements(kind, |client, st| select_mark(client, st, kind, a, b).map_or(0, |row| row.mark))
+    with_statements(kind, |client, st| select_mark(client, st, kind, a, b).map_or(0, |(row, _)| row.mark))
 }
 
 /// Store `row` in the row this transaction has locked. A row that is not

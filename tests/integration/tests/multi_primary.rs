@@ -130,23 +130,7 @@ fn a_subscriber_keeps_its_higher_marks_and_another_nodes_rows_disable_nothing() 
 /// second node's tickets and snowflakes at its first replicated row).
 #[test]
 fn two_primaries_replicating_both_ways_allocate_at_once_without_an_apply_error() {
-    let a = start("mp-both-a", 55652, 1, 1);
-    let version: i32 = a.connect().query_one("SELECT current_setting('server_version_num')::int", &[]).unwrap().get(0);
-    if version < 160000 {
-        eprintln!("skipped: origin = none needs PostgreSQL 16 (this is {version})");
-        a.stop();
-        return;
-    }
-    let b = start("mp-both-b", 55653, 2, 2);
-    let (mut on_a, mut on_b) = (a.fresh_db(DB), b.fresh_db(DB));
-    for db in [&mut on_a, &mut on_b] {
-        db.batch_execute("CREATE TABLE items (id bigint PRIMARY KEY, node text NOT NULL); CREATE PUBLICATION everything FOR ALL TABLES")
-            .unwrap();
-    }
-    subscribe(&mut on_b, "from_a", &a, "copy_data = false, origin = none");
-    subscribe(&mut on_a, "from_b", &b, "copy_data = false, origin = none");
-    wait_for_sync(&mut on_a);
-    wait_for_sync(&mut on_b);
+    let Some((a, b, mut on_a, mut on_b)) = pair("mp-both", 55652) else { return };
     let load = |cluster: &Cluster, node: &'static str| {
         let dsn = cluster.dsn_as("postgres", DB);
         std::thread::spawn(move || {
@@ -175,6 +159,112 @@ fn two_primaries_replicating_both_ways_allocate_at_once_without_an_apply_error()
         let spaces: i64 = db.query_one("SELECT count(*) FROM pgticket.id_space", &[]).unwrap().get(0);
         assert_eq!(spaces, 1, "each node records its own space only");
     }
+    drop((on_a, on_b));
+    b.stop();
+    a.stop();
+}
+
+/// Two primaries replicating both ways (16+), `a` set to create scopes and
+/// `b` not, named; None on 15 (skipped).
+fn pair(name: &str, port: u16) -> Option<(Cluster, Cluster, Client, Client)> {
+    let named = |node: &str, machine_id: u16, offset: u16, creates: bool| {
+        let mut conf = node_conf(machine_id, offset);
+        conf.push(format!("pg_ticket.node_name = '{node}'"));
+        conf.push(format!("pg_ticket.creates_scopes = {creates}"));
+        conf
+    };
+    let start = |suffix: &str, port: u16, conf: Vec<String>| {
+        Cluster::start(&format!("{name}-{suffix}"), port, &conf.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let a = start("a", port, named("a", 1, 1, true));
+    let version: i32 = a.connect().query_one("SELECT current_setting('server_version_num')::int", &[]).unwrap().get(0);
+    if version < 160000 {
+        eprintln!("skipped: origin = none needs PostgreSQL 16 (this is {version})");
+        a.stop();
+        return None;
+    }
+    let b = start("b", port + 1, named("b", 2, 2, false));
+    let (mut on_a, mut on_b) = (a.fresh_db(DB), b.fresh_db(DB));
+    for db in [&mut on_a, &mut on_b] {
+        db.batch_execute("CREATE TABLE items (id bigint PRIMARY KEY, node text NOT NULL); CREATE PUBLICATION everything FOR ALL TABLES")
+            .unwrap();
+    }
+    subscribe(&mut on_b, "from_a", &a, "copy_data = false, origin = none");
+    subscribe(&mut on_a, "from_b", &b, "copy_data = false, origin = none");
+    wait_for_sync(&mut on_a);
+    wait_for_sync(&mut on_b);
+    Some((a, b, on_a, on_b))
+}
+
+fn refusal(result: Result<postgres::Row, postgres::Error>) -> (String, String, String) {
+    let err = result.expect_err("refused");
+    let db = err.as_db_error().expect("a database error");
+    (db.code().code().to_string(), db.message().to_string(), db.hint().unwrap_or_default().to_string())
+}
+
+fn next(db: &mut Client, queue: &str) -> Result<postgres::Row, postgres::Error> {
+    db.query_one("SELECT next_scoped_id($1, 'x')", &[&queue])
+}
+
+/// SPEC §19.3 (#47's third failure: 0.4.0 handed out 1..100 on each node
+/// and stopped replication with insert_exists): a gap-free scope has one
+/// home node. A new scope waits until every node it subscribes to has
+/// announced itself, is created on the one node set to create, is refused
+/// on the other naming its home, and moves by a handover that carries its
+/// mark: the new home goes on above the old one's last number, the old one
+/// refuses from then on.
+#[test]
+fn a_gap_free_scope_has_one_home_in_a_group_and_moves_by_a_handover() {
+    let Some((a, b, mut on_a, mut on_b)) = pair("mp-home", 55654) else { return };
+    let (code, message, hint) = refusal(next(&mut on_a, "inv"));
+    assert_eq!(code, "55000");
+    assert!(message.contains("not announced itself") && hint.contains("join_group"), "{message} / {hint}");
+    for db in [&mut on_a, &mut on_b] {
+        db.query_one("SELECT pgticket.join_group()", &[]).unwrap();
+    }
+    for db in [&mut on_a, &mut on_b] {
+        wait_until("both nodes know each other", Duration::from_secs(30), || {
+            db.query_one("SELECT count(*) FROM pgticket.nodes", &[]).unwrap().get::<_, i64>(0) == 2
+        });
+    }
+    let (code, message, hint) = refusal(next(&mut on_b, "fresh"));
+    assert_eq!(code, "55000");
+    assert!(message.contains("creates_scopes = off") && hint.contains("\"a\""), "{message} / {hint}");
+    for _ in 0..10 {
+        let n: i64 = next(&mut on_a, "inv").unwrap().get(0);
+        on_a.execute("INSERT INTO items VALUES ($1, 'a')", &[&n]).unwrap();
+    }
+    wait_until("the scope reaches b", Duration::from_secs(30), || {
+        on_b.query_one("SELECT current_scoped_id('inv', 'x')", &[]).unwrap().get::<_, i64>(0) == 10
+    });
+    let (code, message, hint) = refusal(next(&mut on_b, "inv"));
+    assert_eq!(code, "55000");
+    assert!(message.contains("home on node \"a\"") && hint.contains("move_home"), "{message} / {hint}");
+    // The handover, on the home: b goes on above a's last number.
+    on_a.query_one("SELECT pgticket.move_home('scope', 'inv', 'x', to_node => 'b')", &[]).unwrap();
+    let (_, message, _) = refusal(next(&mut on_a, "inv"));
+    assert!(message.contains("home on node \"b\""), "{message}");
+    let mut taken = None;
+    wait_until("b takes the home", Duration::from_secs(30), || {
+        taken = next(&mut on_b, "inv").ok().map(|r| r.get::<_, i64>(0));
+        taken.is_some()
+    });
+    assert_eq!(taken, Some(11), "the new home starts above the old one's last number");
+    on_b.execute("INSERT INTO items VALUES (11, 'b')", &[]).unwrap();
+    for n in 12..=20 {
+        let got: i64 = next(&mut on_b, "inv").unwrap().get(0);
+        assert_eq!(got, n);
+        on_b.execute("INSERT INTO items VALUES ($1, 'b')", &[&got]).unwrap();
+    }
+    let count = |db: &mut Client| -> i64 { db.query_one("SELECT count(*) FROM items", &[]).unwrap().get(0) };
+    wait_until("both nodes hold every number", Duration::from_secs(30), || count(&mut on_a) == 20 && count(&mut on_b) == 20);
+    assert_eq!(apply_errors(&mut on_a) + apply_errors(&mut on_b), 0, "no apply error on either node");
+    // A former home's late write does not take the home back: a's row says b.
+    let home: String = on_a
+        .query_one("SELECT n.name FROM pgticket.scoped_counters s JOIN pgticket.nodes n ON n.node = s.home WHERE queue = 'inv'", &[])
+        .unwrap()
+        .get(0);
+    assert_eq!(home, "b");
     drop((on_a, on_b));
     b.stop();
     a.stop();

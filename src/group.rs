@@ -1,0 +1,391 @@
+//! A group of primaries replicating to each other (SPEC §19.3): which node
+//! this is, which nodes the database knows (`pgticket.nodes`, a table of
+//! the group: each node writes its own row, the others arrive by
+//! replication), and the rule for gap-free scopes and block names — one
+//! home node at a time, new ones created on the one node of the group
+//! set to (`pg_ticket.creates_scopes`).
+//!
+//! A node is its system identifier (a physical standby promoted in its
+//! place is the same node; `pg_createsubscriber` gives a converted standby
+//! a new one). A database is in a group once it knows another node, or
+//! subscribes to a publication: then a new scope waits until every
+//! publisher it subscribes to has announced itself (a node that has not
+//! may be creating the same scope), and is refused while two nodes are
+//! set to create.
+//!
+//! Touches: `pgticket.nodes` (as its owner), the catalogs `pg_subscription`
+//! and pglogical's `subscription` table where it exists (read only).
+
+use pgrx::prelude::*;
+
+use crate::backend_local::BackendLocal;
+use crate::errors::TicketError;
+use crate::settings;
+use crate::state_tables;
+
+/// This server as a node of a group: its system identifier.
+pub fn node_id() -> i64 {
+    unsafe { pg_sys::GetSystemIdentifier() as i64 }
+}
+
+/// This node's name: `pg_ticket.node_name`, else `cluster_name`, else its
+/// system identifier.
+pub fn node_name() -> String {
+    if let Some(name) = settings::node_name() {
+        return name;
+    }
+    let cluster = unsafe { pg_sys::cluster_name };
+    if !cluster.is_null() {
+        let name = unsafe { std::ffi::CStr::from_ptr(cluster) }.to_string_lossy().into_owned();
+        if !name.is_empty() {
+            return name;
+        }
+    }
+    node_id().to_string()
+}
+
+struct Node {
+    id: i64,
+    name: String,
+    creates_scopes: bool,
+}
+
+fn nodes(client: &pgrx::spi::SpiClient<'_>) -> Result<Vec<Node>, pgrx::spi::Error> {
+    client
+        .select("SELECT node, name, creates_scopes FROM pgticket.nodes", None, &[])?
+        .map(|row| {
+            Ok(Node {
+                id: row.get::<i64>(1)?.unwrap_or_default(),
+                name: row.get::<String>(2)?.unwrap_or_default(),
+                creates_scopes: row.get::<bool>(3)?.unwrap_or_default(),
+            })
+        })
+        .collect()
+}
+
+/// How many subscriptions this database has (native, and pglogical's).
+fn subscriptions(client: &pgrx::spi::SpiClient<'_>) -> Result<i64, pgrx::spi::Error> {
+    let native: i64 = client
+        .select(
+            "SELECT pg_catalog.count(*) FROM pg_catalog.pg_subscription \
+              WHERE subdbid OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
+                                                     WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database())",
+            None,
+            &[],
+        )?
+        .first()
+        .get_one()?
+        .unwrap_or(0);
+    let pglogical_table: bool = client
+        .select("SELECT pg_catalog.to_regclass('pglogical.subscription') IS NOT NULL", None, &[])?
+        .first()
+        .get_one()?
+        .unwrap_or(false);
+    let pglogical: i64 = if pglogical_table {
+        client.select("SELECT pg_catalog.count(*) FROM pglogical.subscription", None, &[])?.first().get_one()?.unwrap_or(0)
+    } else {
+        0
+    };
+    Ok(native + pglogical)
+}
+
+/// This node's row as the settings say now (written only when it differs).
+fn announce(client: &mut pgrx::spi::SpiClient<'_>) -> Result<(), pgrx::spi::Error> {
+    client.update(
+        "INSERT INTO pgticket.nodes (node, name, creates_scopes) VALUES ($1, $2, $3) \
+         ON CONFLICT (node) DO UPDATE SET name = EXCLUDED.name, creates_scopes = EXCLUDED.creates_scopes, announced_at = pg_catalog.now() \
+         WHERE pgticket.nodes.name OPERATOR(pg_catalog.<>) EXCLUDED.name \
+            OR pgticket.nodes.creates_scopes OPERATOR(pg_catalog.<>) EXCLUDED.creates_scopes",
+        None,
+        &[node_id().into(), node_name().into(), settings::creates_scopes().into()],
+    )?;
+    Ok(())
+}
+
+fn nodes_table() -> Option<state_tables::Table> {
+    state_tables::lookup().and_then(|t| t.nodes)
+}
+
+/// What this database knows of its group, read as the nodes table's owner.
+struct GroupView {
+    mine: Option<Node>,
+    others: Vec<Node>,
+}
+
+fn view(table: state_tables::Table) -> GroupView {
+    let me = node_id();
+    let all = state_tables::as_owner_of(table, || Spi::connect(|client| nodes(client)))
+        .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot read pgticket.nodes: {e}"));
+    let (mine, others): (Vec<Node>, Vec<Node>) = all.into_iter().partition(|n| n.id == me);
+    GroupView { mine: mine.into_iter().next(), others }
+}
+
+/// Whether this database knows another node (cached per state-table
+/// generation: a change of `pgticket.nodes` moves it, through the table's
+/// `changed` trigger).
+static IN_GROUP: BackendLocal<Option<(u64, bool)>> = BackendLocal::new(None);
+
+pub fn in_group() -> bool {
+    let generation = state_tables::generation();
+    if let Some((seen, in_group)) = IN_GROUP.get().filter(|(g, _)| *g == generation) {
+        let _ = seen;
+        return in_group;
+    }
+    let in_group = nodes_table().is_some_and(|table| !view(table).others.is_empty());
+    IN_GROUP.set(Some((generation, in_group)));
+    in_group
+}
+
+/// The home a new scope or block name gets: this node in a group, none on
+/// a server alone (a dump of it restored elsewhere is served there).
+pub fn home_of_new() -> Option<i64> {
+    in_group().then(node_id)
+}
+
+/// SPEC §19.3: may this node create the gap-free scope or block name
+/// `label` now? On a server alone (no other node known, no subscription)
+/// always; in a group only on the one node set to create, once every node
+/// it subscribes to has announced itself and its own row says what its
+/// settings say.
+pub fn check_may_create(label: &str) -> Result<(), TicketError> {
+    let Some(table) = nodes_table() else { return Ok(()) };
+    if !settings::creates_scopes() {
+        return Err(refusal(label, "this node is set not to create them (pg_ticket.creates_scopes = off)", creator_hint(&view(table))));
+    }
+    let group = view(table);
+    let subscriptions = state_tables::as_owner_of(table, || Spi::connect(|client| subscriptions(client)))
+        .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot count this database's subscriptions: {e}"));
+    if group.others.is_empty() && subscriptions == 0 {
+        return Ok(());
+    }
+    if group.mine.as_ref().is_none_or(|n| n.name != node_name() || !n.creates_scopes) {
+        return Err(refusal(
+            label,
+            "this node of a group has not announced itself as it is set now (pgticket.nodes)",
+            "Run SELECT pgticket.join_group(); here (after every change of pg_ticket.node_name or pg_ticket.creates_scopes), and wait for its row to reach the other nodes (docs/multi-primary.md).".into(),
+        ));
+    }
+    if let Some(other) = group.others.iter().find(|n| n.creates_scopes) {
+        return Err(refusal(
+            label,
+            &format!("node {:?} of this group is set to create them too (pg_ticket.creates_scopes), and two nodes creating one scope would hand out the same numbers", other.name),
+            "Set pg_ticket.creates_scopes = off on every node but one, reload, and SELECT pgticket.join_group() on each; that node creates the group's new gap-free scopes and block names (docs/multi-primary.md).".into(),
+        ));
+    }
+    if subscriptions > group.others.len() as i64 {
+        return Err(refusal(
+            label,
+            &format!(
+                "this database subscribes to {subscriptions} publication(s) but knows {} other node(s) of its group (pgticket.nodes): a node not announced yet may be creating the same scope",
+                group.others.len()
+            ),
+            "Run SELECT pgticket.join_group(); in this database on every node of the group, and wait for the rows to replicate (docs/multi-primary.md).".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn refusal(label: &str, why: &str, hint: String) -> TicketError {
+    TicketError::NotInGroupRule { what: format!("{label} is new, and {why}"), hint }
+}
+
+fn creator_hint(group: &GroupView) -> String {
+    match group.others.iter().find(|n| n.creates_scopes) {
+        Some(node) => format!("Create it on node {:?}, the one set to create new scopes (docs/multi-primary.md).", node.name),
+        None => "Create it on the node of the group set to create new scopes (pg_ticket.creates_scopes = on), or set it on here and reload (docs/multi-primary.md).".into(),
+    }
+}
+
+/// What a row's home says of using it here (SPEC §19.3).
+pub enum AtHome {
+    Yes,
+    /// A row of no home (made before 0.5.0, or before the database joined
+    /// a group), in a group, on the node that creates scopes: it becomes
+    /// this node's.
+    Claim,
+}
+
+/// SPEC §19.3: a scope or block name whose home is another node is refused
+/// here; one of no home, in a group, is used on the node that creates
+/// scopes only (which claims it).
+pub fn check_home(label: &str, home: Option<i64>) -> Result<AtHome, TicketError> {
+    let me = node_id();
+    let Some(home) = home else {
+        if !in_group() {
+            return Ok(AtHome::Yes);
+        }
+        if settings::creates_scopes() {
+            return Ok(AtHome::Claim);
+        }
+        let group = nodes_table().map(view);
+        let creator = group.as_ref().and_then(|g| g.others.iter().find(|n| n.creates_scopes)).map(|n| n.name.clone());
+        let name = creator.unwrap_or_else(|| "set to create scopes (pg_ticket.creates_scopes)".into());
+        return Err(TicketError::NotInGroupRule {
+            what: format!("{label} has no home node (made before this database joined a group of primaries): it is used on the node that creates scopes only, which takes it as its home"),
+            hint: format!("Call it on node {name:?} first (docs/multi-primary.md)."),
+        });
+    };
+    if home == me {
+        return Ok(AtHome::Yes);
+    }
+    // A database alone (restored from a group member's dump: pgticket.nodes
+    // is not dumped) serves what it holds; one that subscribes to anything
+    // is a member that may not have heard of its group yet.
+    if !in_group() {
+        let subscriptions = nodes_table().map_or(0, |table| {
+            state_tables::as_owner_of(table, || Spi::connect(|client| subscriptions(client)))
+                .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot count this database's subscriptions: {e}"))
+        });
+        if subscriptions == 0 {
+            return Ok(AtHome::Yes);
+        }
+    }
+    let name = nodes_table()
+        .and_then(|table| view(table).others.into_iter().find(|n| n.id == home).map(|n| n.name))
+        .unwrap_or_else(|| home.to_string());
+    Err(TicketError::NotInGroupRule {
+        what: format!("{label} has its home on node {name:?} of this group: its numbers come from one node at a time"),
+        hint: format!(
+            "Call it on node {name:?}, or move its home here: on {name:?}, SELECT pgticket.move_home(...) naming this node {:?} (docs/multi-primary.md, the handover).",
+            node_name()
+        ),
+    })
+}
+
+/// A change of `pgticket.nodes` (a node announced, replicated or by hand)
+/// reaches every session's cached view of its group.
+#[pg_trigger(sql = false)]
+fn nodes_changed<'a>(trigger: &'a pgrx::PgTrigger<'a>) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, pgrx::PgTriggerError> {
+    unsafe { pg_sys::CacheInvalidateRelcacheByRelid(trigger.relation()?.oid()) };
+    Ok(None)
+}
+
+/// Announces this node in `pgticket.nodes` (its name and whether it creates
+/// scopes), as every node of a group does once; returns its name.
+#[pg_extern(name = "join_group", schema = "pgticket", volatile)]
+fn join_group() -> String {
+    crate::errors::postgres_errors_as_raised(|| {
+        crate::xact::check_writable().unwrap_or_else(|e| e.raise());
+        let table = nodes_table().unwrap_or_else(|| pgrx::error!("pg_ticket: pgticket.nodes is missing; run ALTER EXTENSION pg_ticket UPDATE"));
+        state_tables::as_owner_of(table, || Spi::connect_mut(|client| announce(client)))
+            .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot write pgticket.nodes: {e}"));
+        node_name()
+    })
+}
+
+/// SPEC §19.3, the handover: the home of scope `(queue, domain)` (or, with
+/// `domain` NULL and `kind` 'block', of block name `queue`) moves to node
+/// `to_node`. On the current home it moves with the mark the home
+/// committed (the row's UPDATE carries both: the new home starts above).
+/// Elsewhere (the home is down) only with `above`: the caller vouches that
+/// the old home committed nothing above it, and this node takes the home.
+/// `to_node` NULL: this node.
+#[pg_extern(name = "move_home", schema = "pgticket", volatile)]
+fn move_home(
+    kind: Option<&str>,
+    queue: Option<&str>,
+    domain: default!(Option<&str>, "NULL"),
+    to_node: default!(Option<&str>, "NULL"),
+    above: default!(Option<i64>, "NULL"),
+) -> bool {
+    crate::errors::postgres_errors_as_raised(|| {
+        let kind = kind.unwrap_or_else(|| TicketError::NullArgument("kind").raise());
+        let queue = queue.unwrap_or_else(|| TicketError::NullArgument("queue").raise());
+        let to_node = to_node.map(str::to_string).unwrap_or_else(node_name);
+        let to_node = to_node.as_str();
+        crate::xact::check_writable().unwrap_or_else(|e| e.raise());
+        let tables = state_tables::current();
+        let (table, relation, key) = match (kind, domain) {
+            ("scope", Some(_)) => (tables.scoped_counters, "pgticket.scoped_counters", "queue OPERATOR(pg_catalog.=) $1 AND domain OPERATOR(pg_catalog.=) $2"),
+            ("block", None) => (tables.blocks, "pgticket.blocks", "name OPERATOR(pg_catalog.=) $1"),
+            _ => TicketError::InvalidArgument("kind is 'scope' (with a domain) or 'block' (domain NULL)".into()).raise(),
+        };
+        let nodes_table = nodes_table().unwrap_or_else(|| pgrx::error!("pg_ticket: pgticket.nodes is missing; run ALTER EXTENSION pg_ticket UPDATE"));
+        let target = state_tables::as_owner_of(nodes_table, || {
+            Spi::connect_mut(|client| {
+                announce(client)?;
+                Ok::<_, pgrx::spi::Error>(nodes(client)?.into_iter().find(|n| n.name == to_node).map(|n| n.id))
+            })
+        })
+        .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot read pgticket.nodes: {e}"))
+        .unwrap_or_else(|| TicketError::InvalidArgument(format!("no node named {to_node:?} in pgticket.nodes (SELECT pgticket.join_group() on it)")).raise());
+        let me = node_id();
+        state_tables::as_owner_of(table, || {
+            Spi::connect_mut(|client| {
+                let keys = || -> Vec<pgrx::datum::DatumWithOid> {
+                    match domain {
+                        Some(d) => vec![queue.into(), d.into()],
+                        None => vec![queue.into()],
+                    }
+                };
+                let row = client.update(&format!("SELECT home, mark FROM {relation} WHERE {key} FOR UPDATE"), Some(1), &keys())?;
+                if row.is_empty() {
+                    TicketError::InvalidArgument(format!("no {kind} {queue:?} here")).raise();
+                }
+                let home: Option<i64> = row.first().get_one()?;
+                let here = home.is_none_or(|h| h == me);
+                if !here && (above.is_none() || target != me) {
+                    TicketError::InvalidArgument(format!(
+                        "the home of {kind} {queue:?} is another node: move it there, or take it here with above => a value at or past everything the old home committed (and to_node => this node)"
+                    ))
+                    .raise();
+                }
+                let n = keys().len() + 1;
+                let mut update_args = keys();
+                update_args.push(target.into());
+                update_args.push(above.unwrap_or(0).into());
+                client.update(
+                    &format!(
+                        "UPDATE {relation} SET home = ${n}, home_moves = home_moves OPERATOR(pg_catalog.+) 1, \
+                                mark = GREATEST(mark, ${}), max_mark = GREATEST(max_mark, ${}) WHERE {key}",
+                        n + 1,
+                        n + 1
+                    ),
+                    None,
+                    &update_args,
+                )?;
+                Ok::<_, pgrx::spi::Error>(true)
+            })
+        })
+        .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot move the home: {e}"))
+    })
+}
+
+extension_sql!(
+    r#"
+-- 0.5.0 (SPEC s.19.3): the nodes of a group of primaries this database
+-- knows (each node writes its own row with pgticket.join_group(); the
+-- others arrive by replication), and each gap-free series' home node (none
+-- on a server alone) with the count of handovers that moved it.
+CREATE TABLE pgticket.nodes (
+    node bigint PRIMARY KEY,
+    name text NOT NULL,
+    creates_scopes boolean NOT NULL,
+    announced_at timestamptz NOT NULL DEFAULT pg_catalog.now()
+);
+COMMENT ON TABLE pgticket.nodes IS
+    'The nodes of the group of primaries this database replicates with (system identifier, name, whether it creates new gap-free scopes), each written by its own node';
+REVOKE ALL ON pgticket.nodes FROM PUBLIC;
+CREATE FUNCTION pgticket.nodes_changed() RETURNS trigger
+    LANGUAGE c AS 'MODULE_PATHNAME', 'nodes_changed_wrapper';
+REVOKE ALL ON FUNCTION pgticket.nodes_changed() FROM PUBLIC;
+COMMENT ON FUNCTION pgticket.nodes_changed() IS
+    'Trigger: a change of pgticket.nodes reaches every session';
+CREATE TRIGGER changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgticket.nodes
+    FOR EACH STATEMENT EXECUTE FUNCTION pgticket.nodes_changed();
+ALTER TABLE pgticket.nodes ENABLE ALWAYS TRIGGER changed;
+CREATE TRIGGER by_replication BEFORE INSERT OR UPDATE OR DELETE ON pgticket.nodes
+    FOR EACH ROW EXECUTE FUNCTION pgticket.by_replication();
+ALTER TABLE pgticket.nodes ENABLE REPLICA TRIGGER by_replication;
+ALTER TABLE pgticket.scoped_counters ADD COLUMN home bigint, ADD COLUMN home_moves bigint NOT NULL DEFAULT 0;
+ALTER TABLE pgticket.blocks ADD COLUMN home bigint, ADD COLUMN home_moves bigint NOT NULL DEFAULT 0;
+REVOKE EXECUTE ON FUNCTION pgticket.join_group() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgticket.move_home(text, text, text, text, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION pgticket.join_group() IS
+    'Announces this node in pgticket.nodes (its name, whether it creates new gap-free scopes) to the group of primaries; returns its name';
+COMMENT ON FUNCTION pgticket.move_home(text, text, text, text, bigint) IS
+    'Moves the home node of a gap-free scope (kind scope) or block name (kind block, domain NULL) to node to_node: on its home, with its mark; elsewhere only with above, a value past all the old home committed';
+"#,
+    name = "group",
+    requires = ["by_replication", join_group, move_home, "schema"]
+);
