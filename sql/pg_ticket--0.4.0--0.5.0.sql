@@ -117,10 +117,15 @@ CREATE TABLE pgticket.nodes (
     node bigint PRIMARY KEY,
     name text NOT NULL,
     creates_scopes boolean NOT NULL,
+    machine_id integer,
+    ticket_offset bigint NOT NULL,
+    ticket_increment bigint NOT NULL,
+    epoch_ms bigint NOT NULL,
+    machine_bits bigint NOT NULL,
     announced_at timestamptz NOT NULL DEFAULT pg_catalog.now()
 );
 COMMENT ON TABLE pgticket.nodes IS
-    'The nodes of the group of primaries this database replicates with (system identifier, name, whether it creates new gap-free scopes), each written by its own node';
+    'The nodes of the group of primaries this database replicates with (system identifier, name, whether it creates new gap-free scopes, fixed machine id, ticket series, snowflake space), each written by its own node';
 REVOKE ALL ON pgticket.nodes FROM PUBLIC;
 CREATE FUNCTION pgticket.nodes_changed() RETURNS trigger
     LANGUAGE c AS 'MODULE_PATHNAME', 'nodes_changed_wrapper';

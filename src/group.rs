@@ -18,7 +18,8 @@
 
 use pgrx::prelude::*;
 
-use crate::backend_local::BackendLocal;
+use crate::backend_local::{BackendLocal, BackendRefCell};
+use ticket_core::group::{Node, Refusal, Use, View};
 use crate::errors::TicketError;
 use crate::settings;
 use crate::state_tables;
@@ -44,23 +45,42 @@ pub fn node_name() -> String {
     node_id().to_string()
 }
 
-struct Node {
-    id: i64,
-    name: String,
-    creates_scopes: bool,
-}
+const NODE_COLUMNS: &str = "node, name, creates_scopes, machine_id, ticket_offset, ticket_increment, epoch_ms, machine_bits";
 
 fn nodes(client: &pgrx::spi::SpiClient<'_>) -> Result<Vec<Node>, pgrx::spi::Error> {
     client
-        .select("SELECT node, name, creates_scopes FROM pgticket.nodes", None, &[])?
+        .select(&format!("SELECT {NODE_COLUMNS} FROM pgticket.nodes"), None, &[])?
         .map(|row| {
             Ok(Node {
                 id: row.get::<i64>(1)?.unwrap_or_default(),
                 name: row.get::<String>(2)?.unwrap_or_default(),
                 creates_scopes: row.get::<bool>(3)?.unwrap_or_default(),
+                machine_id: row.get::<i32>(4)?,
+                ticket_offset: row.get::<i64>(5)?.unwrap_or_default(),
+                ticket_increment: row.get::<i64>(6)?.unwrap_or_default(),
+                epoch_ms: row.get::<i64>(7)?.unwrap_or_default(),
+                machine_bits: row.get::<i64>(8)?.unwrap_or_default(),
             })
         })
         .collect()
+}
+
+/// This node as its settings say now.
+fn me() -> Node {
+    let series = settings::ticket_series();
+    Node {
+        id: node_id(),
+        name: node_name(),
+        creates_scopes: settings::creates_scopes(),
+        machine_id: match settings::machine_id() {
+            settings::MachineId::Fixed(id) if settings::preloaded() => Some(i32::from(id)),
+            _ => None,
+        },
+        ticket_offset: series.offset,
+        ticket_increment: series.increment,
+        epoch_ms: settings::epoch_unix_ms(),
+        machine_bits: i64::from(settings::layout().machine_bits()),
+    }
 }
 
 /// How many subscriptions this database has (native, and pglogical's).
@@ -89,15 +109,32 @@ fn subscriptions(client: &pgrx::spi::SpiClient<'_>) -> Result<i64, pgrx::spi::Er
     Ok(native + pglogical)
 }
 
-/// This node's row as the settings say now (written only when it differs).
+/// This node's row as the settings say now (written only when it differs:
+/// no write, and no row lock, for a node whose row is current).
 fn announce(client: &mut pgrx::spi::SpiClient<'_>) -> Result<(), pgrx::spi::Error> {
+    let me = me();
+    let current = nodes(client)?.into_iter().any(|n| n == me);
+    if current {
+        return Ok(());
+    }
     client.update(
-        "INSERT INTO pgticket.nodes (node, name, creates_scopes) VALUES ($1, $2, $3) \
-         ON CONFLICT (node) DO UPDATE SET name = EXCLUDED.name, creates_scopes = EXCLUDED.creates_scopes, announced_at = pg_catalog.now() \
-         WHERE pgticket.nodes.name OPERATOR(pg_catalog.<>) EXCLUDED.name \
-            OR pgticket.nodes.creates_scopes OPERATOR(pg_catalog.<>) EXCLUDED.creates_scopes",
+        &format!(
+            "INSERT INTO pgticket.nodes ({NODE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+             ON CONFLICT (node) DO UPDATE SET name = EXCLUDED.name, creates_scopes = EXCLUDED.creates_scopes, \
+                 machine_id = EXCLUDED.machine_id, ticket_offset = EXCLUDED.ticket_offset, ticket_increment = EXCLUDED.ticket_increment, \
+                 epoch_ms = EXCLUDED.epoch_ms, machine_bits = EXCLUDED.machine_bits, announced_at = pg_catalog.now()"
+        ),
         None,
-        &[node_id().into(), node_name().into(), settings::creates_scopes().into()],
+        &[
+            me.id.into(),
+            me.name.clone().into(),
+            me.creates_scopes.into(),
+            me.machine_id.into(),
+            me.ticket_offset.into(),
+            me.ticket_increment.into(),
+            me.epoch_ms.into(),
+            me.machine_bits.into(),
+        ],
     )?;
     Ok(())
 }
@@ -106,18 +143,18 @@ fn nodes_table() -> Option<state_tables::Table> {
     state_tables::lookup().and_then(|t| t.nodes)
 }
 
-/// What this database knows of its group, read as the nodes table's owner.
-struct GroupView {
-    mine: Option<Node>,
-    others: Vec<Node>,
-}
-
-fn view(table: state_tables::Table) -> GroupView {
+/// What this database knows of its group, read as the nodes table's owner
+/// (`with_subscriptions`: counted too, two catalog reads).
+fn view(table: state_tables::Table, with_subscriptions: bool) -> View {
     let me = node_id();
-    let all = state_tables::as_owner_of(table, || Spi::connect(|client| nodes(client)))
-        .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot read pgticket.nodes: {e}"));
-    let (mine, others): (Vec<Node>, Vec<Node>) = all.into_iter().partition(|n| n.id == me);
-    GroupView { mine: mine.into_iter().next(), others }
+    state_tables::as_owner_of(table, || {
+        Spi::connect(|client| {
+            let (mine, others): (Vec<Node>, Vec<Node>) = nodes(client)?.into_iter().partition(|n| n.id == me);
+            let subscriptions = if with_subscriptions { subscriptions(client)? } else { 0 };
+            Ok::<_, pgrx::spi::Error>(View { mine: mine.into_iter().next(), others, subscriptions })
+        })
+    })
+    .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot read pgticket.nodes: {e}"))
 }
 
 /// Whether this database knows another node (cached per state-table
@@ -131,7 +168,7 @@ pub fn in_group() -> bool {
         let _ = seen;
         return in_group;
     }
-    let in_group = nodes_table().is_some_and(|table| !view(table).others.is_empty());
+    let in_group = nodes_table().is_some_and(|table| !view(table, false).others.is_empty());
     IN_GROUP.set(Some((generation, in_group)));
     in_group
 }
@@ -143,57 +180,67 @@ pub fn home_of_new() -> Option<i64> {
 }
 
 /// SPEC §19.3: may this node create the gap-free scope or block name
-/// `label` now? On a server alone (no other node known, no subscription)
-/// always; in a group only on the one node set to create, once every node
-/// it subscribes to has announced itself and its own row says what its
-/// settings say.
+/// `label` now? (Not cached: a new scope is rare, and must see a node that
+/// announced itself a moment ago.)
 pub fn check_may_create(label: &str) -> Result<(), TicketError> {
     let Some(table) = nodes_table() else { return Ok(()) };
-    if !settings::creates_scopes() {
-        return Err(refusal(label, "this node is set not to create them (pg_ticket.creates_scopes = off)", creator_hint(&view(table))));
-    }
-    let group = view(table);
-    let subscriptions = state_tables::as_owner_of(table, || Spi::connect(|client| subscriptions(client)))
-        .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot count this database's subscriptions: {e}"));
-    if group.others.is_empty() && subscriptions == 0 {
-        return Ok(());
-    }
-    if group.mine.as_ref().is_none_or(|n| n.name != node_name() || !n.creates_scopes) {
-        return Err(refusal(
-            label,
-            "this node of a group has not announced itself as it is set now (pgticket.nodes)",
-            "Run SELECT pgticket.join_group(); here (after every change of pg_ticket.node_name or pg_ticket.creates_scopes), and wait for its row to reach the other nodes (docs/multi-primary.md).".into(),
-        ));
-    }
-    if let Some(other) = group.others.iter().find(|n| n.creates_scopes) {
-        return Err(refusal(
-            label,
-            &format!("node {:?} of this group is set to create them too (pg_ticket.creates_scopes), and two nodes creating one scope would hand out the same numbers", other.name),
-            "Set pg_ticket.creates_scopes = off on every node but one, reload, and SELECT pgticket.join_group() on each; that node creates the group's new gap-free scopes and block names (docs/multi-primary.md).".into(),
-        ));
-    }
-    if subscriptions > group.others.len() as i64 {
-        return Err(refusal(
-            label,
-            &format!(
-                "this database subscribes to {subscriptions} publication(s) but knows {} other node(s) of its group (pgticket.nodes): a node not announced yet may be creating the same scope",
-                group.others.len()
+    view(table, true).check(&me(), Use::NewScope).map_err(|r| refused(&format!("{label} is new"), r))
+}
+
+/// The group's leave for tickets and fixed-id snowflakes, as last seen:
+/// looked at again when a state table (`pgticket.nodes` among them)
+/// changes, and every few seconds (a subscription created since).
+static ALLOCATOR_LEAVE: BackendRefCell<[Option<(u64, i64, Result<(), Refusal>)>; 2]> = BackendRefCell::new();
+const LOOK_AGAIN_MS: i64 = 5_000;
+
+/// SPEC §19.3: may this node hand out tickets / stamp snowflakes with its
+/// fixed machine id, by its group's rule?
+pub fn check_allocator(what: Use) -> Result<(), TicketError> {
+    let Some(table) = nodes_table() else { return Ok(()) };
+    let generation = state_tables::generation();
+    let now = crate::clock::now_unix_ms();
+    let slot = usize::from(what != Use::Tickets);
+    let cached = ALLOCATOR_LEAVE.with(|c| {
+        c[slot].as_ref().and_then(|(g, at, leave)| (*g == generation && now.saturating_sub(*at) < LOOK_AGAIN_MS).then(|| leave.clone()))
+    });
+    let leave = cached.unwrap_or_else(|| {
+        let leave = view(table, true).check(&me(), what);
+        ALLOCATOR_LEAVE.with(|c| c[slot] = Some((generation, now, leave.clone())));
+        leave
+    });
+    let label = match what {
+        Use::Tickets => "next_ticket()",
+        _ => "snowflake_id()",
+    };
+    leave.map_err(|r| refused(&format!("{label} on this node"), r))
+}
+
+fn refused(subject: &str, refusal: Refusal) -> TicketError {
+    let (why, hint) = match refusal {
+        Refusal::NotCreator { creator: Some(name) } => (
+            "this node is set not to create them (pg_ticket.creates_scopes = off)".to_string(),
+            format!("Create it on node {name:?}, the one set to create new scopes (docs/multi-primary.md)."),
+        ),
+        Refusal::NotCreator { creator: None } => (
+            "this node is set not to create them (pg_ticket.creates_scopes = off)".to_string(),
+            "Create it on the node of the group set to create new scopes (pg_ticket.creates_scopes = on), or set it on here and reload (docs/multi-primary.md).".into(),
+        ),
+        Refusal::NotAnnounced => (
+            "this node of a group of primaries has not announced itself as it is set now (pgticket.nodes)".into(),
+            "Run SELECT pgticket.join_group(); here (after every change of its pg_ticket settings), and wait for its row to reach the other nodes (docs/multi-primary.md).".into(),
+        ),
+        Refusal::OthersNotAnnounced { subscriptions, known } => (
+            format!(
+                "this database subscribes to {subscriptions} publication(s) but knows {known} other node(s) of its group (pgticket.nodes): a node not announced yet may be handing out the same values"
             ),
             "Run SELECT pgticket.join_group(); in this database on every node of the group, and wait for the rows to replicate (docs/multi-primary.md).".into(),
-        ));
-    }
-    Ok(())
-}
-
-fn refusal(label: &str, why: &str, hint: String) -> TicketError {
-    TicketError::NotInGroupRule { what: format!("{label} is new, and {why}"), hint }
-}
-
-fn creator_hint(group: &GroupView) -> String {
-    match group.others.iter().find(|n| n.creates_scopes) {
-        Some(node) => format!("Create it on node {:?}, the one set to create new scopes (docs/multi-primary.md).", node.name),
-        None => "Create it on the node of the group set to create new scopes (pg_ticket.creates_scopes = on), or set it on here and reload (docs/multi-primary.md).".into(),
-    }
+        ),
+        Refusal::Conflict { node, why } => (
+            format!("node {node:?} of this group conflicts: {why}"),
+            "Set the nodes apart (docs/multi-primary.md, each allocator in a group), reload or restart, and SELECT pgticket.join_group() on each.".into(),
+        ),
+    };
+    TicketError::NotInGroupRule { what: format!("{subject}, and {why}"), hint }
 }
 
 /// What a row's home says of using it here (SPEC §19.3).
@@ -217,7 +264,7 @@ pub fn check_home(label: &str, home: Option<i64>) -> Result<AtHome, TicketError>
         if settings::creates_scopes() {
             return Ok(AtHome::Claim);
         }
-        let group = nodes_table().map(view);
+        let group = nodes_table().map(|t| view(t, false));
         let creator = group.as_ref().and_then(|g| g.others.iter().find(|n| n.creates_scopes)).map(|n| n.name.clone());
         let name = creator.unwrap_or_else(|| "set to create scopes (pg_ticket.creates_scopes)".into());
         return Err(TicketError::NotInGroupRule {
@@ -241,7 +288,7 @@ pub fn check_home(label: &str, home: Option<i64>) -> Result<AtHome, TicketError>
         }
     }
     let name = nodes_table()
-        .and_then(|table| view(table).others.into_iter().find(|n| n.id == home).map(|n| n.name))
+        .and_then(|table| view(table, false).others.into_iter().find(|n| n.id == home).map(|n| n.name))
         .unwrap_or_else(|| home.to_string());
     Err(TicketError::NotInGroupRule {
         what: format!("{label} has its home on node {name:?} of this group: its numbers come from one node at a time"),
@@ -361,10 +408,15 @@ CREATE TABLE pgticket.nodes (
     node bigint PRIMARY KEY,
     name text NOT NULL,
     creates_scopes boolean NOT NULL,
+    machine_id integer,
+    ticket_offset bigint NOT NULL,
+    ticket_increment bigint NOT NULL,
+    epoch_ms bigint NOT NULL,
+    machine_bits bigint NOT NULL,
     announced_at timestamptz NOT NULL DEFAULT pg_catalog.now()
 );
 COMMENT ON TABLE pgticket.nodes IS
-    'The nodes of the group of primaries this database replicates with (system identifier, name, whether it creates new gap-free scopes), each written by its own node';
+    'The nodes of the group of primaries this database replicates with (system identifier, name, whether it creates new gap-free scopes, fixed machine id, ticket series, snowflake space), each written by its own node';
 REVOKE ALL ON pgticket.nodes FROM PUBLIC;
 CREATE FUNCTION pgticket.nodes_changed() RETURNS trigger
     LANGUAGE c AS 'MODULE_PATHNAME', 'nodes_changed_wrapper';

@@ -246,6 +246,7 @@ pub fn next_id(own_id_unleased: impl FnOnce(u16) -> Result<(), TicketError>) -> 
     crate::xact::check_writable().or_raise();
     space::check_database().or_raise();
     history::check().or_raise();
+    crate::group::check_allocator(ticket_core::group::Use::Snowflakes).or_raise();
     let issued: Result<i64, TicketError> = match settings::machine_id() {
         MachineId::Fixed(id) => {
             ledger::check_own_id(id).or_raise();

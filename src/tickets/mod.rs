@@ -246,6 +246,7 @@ pub fn next(queue: Name<'_>, domain: Name<'_>) -> i64 {
     }
     xact::check_writable().or_raise();
     check_right(queue, domain);
+    crate::group::check_allocator(ticket_core::group::Use::Tickets).or_raise();
     KEY_BUF.with(|key| {
         encode(key, queue, domain);
         take(key, queue, domain)

@@ -3,6 +3,7 @@
 
 pub mod counter;
 pub mod fast_map;
+pub mod group;
 pub mod directory;
 pub mod epoch;
 pub mod leases;

@@ -91,6 +91,19 @@ fn a_subscriber_keeps_its_higher_marks_and_another_nodes_rows_disable_nothing() 
     on_a.batch_execute("CREATE PUBLICATION everything FOR ALL TABLES").unwrap();
     subscribe(&mut on_b, "from_a", &a, "copy_data = true");
     wait_for_sync(&mut on_b);
+    // A subscriber is a node of a group (SPEC §19.3): it hands out nothing
+    // of a node's own series until it and every node it subscribes to have
+    // announced themselves (a node not heard of may use the same offset).
+    let (code, message, hint) = refusal(on_b.query_one("SELECT next_ticket('q', 'd')", &[]));
+    assert_eq!(code, "55000");
+    assert!(message.contains("not announced itself") && hint.contains("join_group"), "{message} / {hint}");
+    on_b.query_one("SELECT pgticket.join_group()", &[]).unwrap();
+    let (_, message, _) = refusal(on_b.query_one("SELECT snowflake_id()", &[]));
+    assert!(message.contains("subscribes to 1 publication(s) but knows 0 other node(s)"), "{message}");
+    on_a.query_one("SELECT pgticket.join_group()", &[]).unwrap();
+    wait_until("b hears of a", Duration::from_secs(30), || {
+        on_b.query_one("SELECT count(*) FROM pgticket.nodes", &[]).unwrap().get::<_, i64>(0) == 2
+    });
     let current = |db: &mut Client| -> (i64, i64) {
         let r = db.query_one("SELECT current_scoped_id('shop', 'invoice'), current_block_mark('batch')", &[]).unwrap();
         (r.get(0), r.get(1))
@@ -131,6 +144,7 @@ fn a_subscriber_keeps_its_higher_marks_and_another_nodes_rows_disable_nothing() 
 #[test]
 fn two_primaries_replicating_both_ways_allocate_at_once_without_an_apply_error() {
     let Some((a, b, mut on_a, mut on_b)) = pair("mp-both", 55652) else { return };
+    join_both(&mut on_a, &mut on_b);
     let load = |cluster: &Cluster, node: &'static str| {
         let dsn = cluster.dsn_as("postgres", DB);
         std::thread::spawn(move || {
@@ -196,6 +210,18 @@ fn pair(name: &str, port: u16) -> Option<(Cluster, Cluster, Client, Client)> {
     Some((a, b, on_a, on_b))
 }
 
+/// Both nodes announce themselves and hear of each other.
+fn join_both(on_a: &mut Client, on_b: &mut Client) {
+    for db in [&mut *on_a, &mut *on_b] {
+        db.query_one("SELECT pgticket.join_group()", &[]).unwrap();
+    }
+    for db in [on_a, on_b] {
+        wait_until("both nodes know each other", Duration::from_secs(30), || {
+            db.query_one("SELECT count(*) FROM pgticket.nodes", &[]).unwrap().get::<_, i64>(0) == 2
+        });
+    }
+}
+
 fn refusal(result: Result<postgres::Row, postgres::Error>) -> (String, String, String) {
     let err = result.expect_err("refused");
     let db = err.as_db_error().expect("a database error");
@@ -219,14 +245,7 @@ fn a_gap_free_scope_has_one_home_in_a_group_and_moves_by_a_handover() {
     let (code, message, hint) = refusal(next(&mut on_a, "inv"));
     assert_eq!(code, "55000");
     assert!(message.contains("not announced itself") && hint.contains("join_group"), "{message} / {hint}");
-    for db in [&mut on_a, &mut on_b] {
-        db.query_one("SELECT pgticket.join_group()", &[]).unwrap();
-    }
-    for db in [&mut on_a, &mut on_b] {
-        wait_until("both nodes know each other", Duration::from_secs(30), || {
-            db.query_one("SELECT count(*) FROM pgticket.nodes", &[]).unwrap().get::<_, i64>(0) == 2
-        });
-    }
+    join_both(&mut on_a, &mut on_b);
     let (code, message, hint) = refusal(next(&mut on_b, "fresh"));
     assert_eq!(code, "55000");
     assert!(message.contains("creates_scopes = off") && hint.contains("\"a\""), "{message} / {hint}");

@@ -174,7 +174,8 @@ fn an_emptied_or_lowered_tickets_table_is_refused_and_never_leads_to_a_ticket_ag
         db.batch_execute(&format!(
             "ALTER TABLE pgticket.tickets DISABLE TRIGGER USER; {forced};
              ALTER TABLE pgticket.tickets ENABLE ALWAYS TRIGGER never_emptied, ENABLE ALWAYS TRIGGER never_truncated,
-                                          ENABLE ALWAYS TRIGGER forward_only, ENABLE ALWAYS TRIGGER keeps_higher"
+                                          ENABLE ALWAYS TRIGGER forward_only, ENABLE ALWAYS TRIGGER keeps_higher,
+                                          ENABLE REPLICA TRIGGER by_replication"
         ))
         .unwrap();
         all.extend(tickets(&mut db, "q", 400));

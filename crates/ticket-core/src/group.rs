@@ -1,0 +1,193 @@
+//! The rules of a group of primaries replicating to each other (SPEC
+//! §19.3), as decisions over what a database knows of its group: this
+//! node's settings, its own row in the group's table of nodes (what the
+//! other nodes know of it), the other nodes' rows, and how many
+//! subscriptions the database has.
+//!
+//! A database is alone when it knows no other node and subscribes to
+//! nothing: no rule applies. Otherwise every node must have announced
+//! itself as it is set now (else the others judge it by a stale row), every
+//! node it subscribes to must have announced itself (a node not heard of
+//! may be handing out the same values), and then:
+//! - tickets: every node the same increment, each its own offset;
+//! - snowflakes with a fixed machine id: every node its own id, and one
+//!   epoch and machine-bit layout for all;
+//! - new gap-free scopes and block names: created on one node only.
+
+/// A node as its row in the group's table says (or, for this node, as its
+/// settings say now).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Node {
+    pub id: i64,
+    pub name: String,
+    pub creates_scopes: bool,
+    /// The fixed snowflake machine id (None: leased, or none).
+    pub machine_id: Option<i32>,
+    pub ticket_offset: i64,
+    pub ticket_increment: i64,
+    pub epoch_ms: i64,
+    pub machine_bits: i64,
+}
+
+/// What a database knows of its group.
+#[derive(Clone, Debug, Default)]
+pub struct View {
+    /// This node's row, as the other nodes know it.
+    pub mine: Option<Node>,
+    pub others: Vec<Node>,
+    pub subscriptions: i64,
+}
+
+/// What asks the group's leave.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Use {
+    Tickets,
+    Snowflakes,
+    NewScope,
+}
+
+/// Why the group's rule refuses, naming what to do.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    /// This node's row is missing or says other settings than it runs with.
+    NotAnnounced,
+    /// The database subscribes to more publications than it knows nodes.
+    OthersNotAnnounced { subscriptions: i64, known: usize },
+    /// The rule's conflict with another node.
+    Conflict { node: String, why: String },
+    /// This node is set not to create scopes.
+    NotCreator { creator: Option<String> },
+}
+
+impl View {
+    pub fn alone(&self) -> bool {
+        self.others.is_empty() && self.subscriptions == 0
+    }
+
+    /// May `me` (this node, as set now) do `what`?
+    pub fn check(&self, me: &Node, what: Use) -> Result<(), Refusal> {
+        if what == Use::NewScope && !me.creates_scopes {
+            return Err(Refusal::NotCreator { creator: self.others.iter().find(|n| n.creates_scopes).map(|n| n.name.clone()) });
+        }
+        if self.alone() {
+            return Ok(());
+        }
+        if self.mine.as_ref() != Some(me) {
+            return Err(Refusal::NotAnnounced);
+        }
+        if self.subscriptions > self.others.len() as i64 {
+            return Err(Refusal::OthersNotAnnounced { subscriptions: self.subscriptions, known: self.others.len() });
+        }
+        let conflict = |node: &Node, why: String| Err(Refusal::Conflict { node: node.name.clone(), why });
+        for other in &self.others {
+            match what {
+                Use::Tickets if other.ticket_increment != me.ticket_increment => {
+                    return conflict(
+                        other,
+                        format!(
+                            "it hands out tickets with pg_ticket.ticket_increment = {}, this node with {}: every node of a group uses the same increment",
+                            other.ticket_increment, me.ticket_increment
+                        ),
+                    );
+                }
+                Use::Tickets if other.ticket_offset == me.ticket_offset => {
+                    return conflict(
+                        other,
+                        format!(
+                            "it hands out the same tickets (pg_ticket.ticket_offset = {} of {}): every node of a group its own offset",
+                            me.ticket_offset, me.ticket_increment
+                        ),
+                    );
+                }
+                Use::Snowflakes if (other.epoch_ms, other.machine_bits) != (me.epoch_ms, me.machine_bits) => {
+                    return conflict(
+                        other,
+                        format!(
+                            "it stamps snowflakes with epoch {} ms and {} machine bits, this node with {} ms and {}: one ID space for the group",
+                            other.epoch_ms, other.machine_bits, me.epoch_ms, me.machine_bits
+                        ),
+                    );
+                }
+                Use::Snowflakes if me.machine_id.is_some() && other.machine_id == me.machine_id => {
+                    return conflict(
+                        other,
+                        format!("it stamps with the same machine id {} (pg_ticket.machine_id): every node of a group its own", me.machine_id.unwrap_or_default()),
+                    );
+                }
+                Use::NewScope if other.creates_scopes => {
+                    return conflict(
+                        other,
+                        "it is set to create new gap-free scopes too (pg_ticket.creates_scopes), and two nodes creating one scope would hand out the same numbers".into(),
+                    );
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: i64, offset: i64, machine_id: i32, creates: bool) -> Node {
+        Node {
+            id,
+            name: format!("n{id}"),
+            creates_scopes: creates,
+            machine_id: Some(machine_id),
+            ticket_offset: offset,
+            ticket_increment: 2,
+            epoch_ms: 0,
+            machine_bits: 10,
+        }
+    }
+
+    #[test]
+    fn a_database_alone_is_ruled_by_nothing_but_its_own_creates_setting() {
+        let me = node(1, 1, 1, true);
+        let alone = View::default();
+        for what in [Use::Tickets, Use::Snowflakes, Use::NewScope] {
+            assert_eq!(alone.check(&me, what), Ok(()));
+        }
+        let off = Node { creates_scopes: false, ..me };
+        assert_eq!(alone.check(&off, Use::NewScope), Err(Refusal::NotCreator { creator: None }));
+    }
+
+    #[test]
+    fn every_node_announces_itself_as_it_is_set_and_hears_of_every_publisher() {
+        let me = node(1, 1, 1, true);
+        let other = node(2, 2, 2, false);
+        let view = View { mine: None, others: vec![other.clone()], subscriptions: 1 };
+        assert_eq!(view.check(&me, Use::Tickets), Err(Refusal::NotAnnounced));
+        let stale = View { mine: Some(Node { ticket_offset: 2, ..me.clone() }), ..view.clone() };
+        assert_eq!(stale.check(&me, Use::Tickets), Err(Refusal::NotAnnounced), "a row of other settings");
+        let unheard = View { mine: Some(me.clone()), others: vec![], subscriptions: 1 };
+        assert_eq!(unheard.check(&me, Use::Snowflakes), Err(Refusal::OthersNotAnnounced { subscriptions: 1, known: 0 }));
+        let whole = View { mine: Some(me.clone()), others: vec![other], subscriptions: 1 };
+        for what in [Use::Tickets, Use::Snowflakes, Use::NewScope] {
+            assert_eq!(whole.check(&me, what), Ok(()), "{what:?}");
+        }
+    }
+
+    #[test]
+    fn each_allocators_conflict_is_refused_naming_the_other_node() {
+        let me = node(1, 1, 1, true);
+        let view = |other: Node| View { mine: Some(me.clone()), others: vec![other], subscriptions: 1 };
+        let refused = |v: View, what| matches!(v.check(&me, what), Err(Refusal::Conflict { node, .. }) if node == "n2");
+        assert!(refused(view(node(2, 1, 2, false)), Use::Tickets), "the same offset");
+        assert!(refused(view(Node { ticket_increment: 3, ..node(2, 2, 2, false) }), Use::Tickets), "another increment");
+        assert!(refused(view(node(2, 2, 1, false)), Use::Snowflakes), "the same machine id");
+        assert!(refused(view(Node { machine_bits: 12, ..node(2, 2, 2, false) }), Use::Snowflakes), "another layout");
+        assert!(refused(view(node(2, 2, 2, true)), Use::NewScope), "two creators");
+        // Each rule is its own allocator's: the same machine id does not
+        // stop tickets, the same offset does not stop snowflakes.
+        assert_eq!(view(node(2, 2, 1, false)).check(&me, Use::Tickets), Ok(()));
+        assert_eq!(view(node(2, 1, 2, false)).check(&me, Use::Snowflakes), Ok(()));
+        // Leased machine ids are the registry's to keep apart.
+        let leased = Node { machine_id: None, ..me.clone() };
+        let v = View { mine: Some(leased.clone()), others: vec![Node { machine_id: None, ..node(2, 2, 2, false) }], subscriptions: 1 };
+        assert_eq!(v.check(&leased, Use::Snowflakes), Ok(()));
+    }
+}
