@@ -38,6 +38,12 @@ CREATE FUNCTION pgticket.record_space_of_the_mark() RETURNS boolean
 SELECT pgticket.record_space_of_the_mark();
 DROP FUNCTION pgticket.record_space_of_the_mark();
 
+-- #46 item 6: a lease granted before 0.5.0 has no line in the server's
+-- lease ledger. Each live one is written again as it is, and the table's
+-- changed trigger records it (on a preloading server), so that a standby
+-- promoted before its holder's next renewal holds its id.
+UPDATE pgticket.machine_id_leases SET holder = holder WHERE expires_at OPERATOR(pg_catalog.>) pg_catalog.now();
+
 -- SPEC s.20.1 (review of #46): the machine-id leases' forward_only trigger
 -- multiplied a numeric by an integer, for which pg_catalog has no exact
 -- operator: CREATE EXTENSION (and 0.3.0's update) bound it to one a

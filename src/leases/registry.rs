@@ -652,7 +652,7 @@ static OWN_ID_CHECKED: BackendLocal<Option<(u64, u16)>> = BackendLocal::new(None
 /// the server's own id and renewals of it are refused, so through our own
 /// calls a clear database stays clear: checked once per backend and
 /// state-table generation. A row of that id written from outside (a
-/// data-only restore, a replication apply, an INSERT by hand) moves the
+/// data-only restore, an INSERT by hand; not a replication apply, SPEC §19) moves the
 /// generation in every session at its commit: the table's trigger
 /// `changed` (below). Not yet covered (#30, a known hole): only this
 /// database's registry is read, not another database's on the same server.
@@ -706,10 +706,13 @@ fn machine_id_leases_changed<'a>(trigger: &'a pgrx::PgTrigger<'a>) -> Result<Opt
     let Some(row) = trigger.new() else { return Ok(None) };
     let Some(id) = row.get_by_name::<i32>("machine_id").ok().flatten().and_then(|id| u16::try_from(id).ok()) else { return Ok(None) };
     // A lease runs at most to its expiry (a release only shortens it): the
-    // ledger may say too much, never too little.
+    // ledger may say too much, never too little. Our own grants and
+    // renewals record theirs, a ttl ahead (a line here too would make each
+    // grant wait for the standbys twice).
     let expires_at_ms = ms(row.get_by_name::<TimestampWithTimeZone>("expires_at").ok().flatten());
     let margin_ms = row.get_by_name::<i64>("margin_ms").ok().flatten().unwrap_or(0).max(settings::lease_margin_ms());
-    if let Some(free_from_ms) = expires_at_ms.map(|t| t.saturating_add(margin_ms)).filter(|t| *t > now_unix_ms()) {
+    let live = expires_at_ms.map(|t| t.saturating_add(margin_ms)).filter(|t| *t > now_unix_ms());
+    if let (Some(free_from_ms), false) = (live, crate::state_tables::in_own_statement()) {
         crate::snowflake::ledger::record_found_lease(id, free_from_ms).unwrap_or_else(|e| e.raise());
     }
     if settings::machine_id() == settings::MachineId::Fixed(id) {

@@ -46,9 +46,19 @@ enum ReadError {
     Io(String),
 }
 
+/// The file's text; bytes that are not UTF-8 become U+FFFD, so a line
+/// holding them reads as damaged, not the whole file as unreadable (review:
+/// a replay stopped on it, and the server did not start).
 fn read_text() -> Result<String, String> {
-    match std::fs::read_to_string(LEDGER_FILE) {
-        Ok(text) => Ok(text),
+    // One line per id and one of settings: far below this.
+    const MOST_BYTES: u64 = 4 << 20;
+    if let Ok(meta) = std::fs::metadata(LEDGER_FILE) {
+        if meta.len() > MOST_BYTES {
+            return Err(format!("the lease ledger {LEDGER_FILE} is {} bytes, more than any ledger holds", meta.len()));
+        }
+    }
+    match std::fs::read(LEDGER_FILE) {
+        Ok(bytes) => Ok(String::from_utf8_lossy(&bytes).into_owned()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(String::new()),
         Err(e) => Err(format!("cannot read the lease ledger {LEDGER_FILE}: {e}")),
     }
@@ -90,7 +100,11 @@ fn write(ledger: &Ledger) -> Result<(), String> {
 /// is moved aside, and the lines lost are named in a WARNING.
 pub(super) fn replay(text: &str) -> Result<(), String> {
     let line = Line::parse(text)?;
-    let (mut ledger, damaged) = Ledger::parse_lenient(&read_text()?);
+    let (mut ledger, damaged) = match read_text() {
+        Ok(text) => Ledger::parse_lenient(&text),
+        // Too big, or unreadable: nothing of it is kept.
+        Err(why) => (Ledger::default(), vec![why]),
+    };
     if damaged.is_empty() {
         if ledger.apply(&line) {
             write(&ledger)?;
@@ -100,8 +114,12 @@ pub(super) fn replay(text: &str) -> Result<(), String> {
     std::fs::rename(LEDGER_FILE, DAMAGED_FILE).map_err(|e| format!("cannot move the damaged lease ledger aside: {e}"))?;
     ledger.apply(&line);
     write(&ledger)?;
+    // Named, but a few and short: a huge damaged file must not make a
+    // message past what the server can hold.
+    let named: Vec<String> = damaged.iter().take(3).map(|l| l.chars().take(80).collect()).collect();
     pgrx::warning!(
-        "pg_ticket: the lease ledger {LEDGER_FILE} was damaged: moved aside to {DAMAGED_FILE}, and kept without its lines that do not parse ({damaged:?}); a lease they recorded is not checked until it is recorded again (its holder's next renewal)"
+        "pg_ticket: the lease ledger {LEDGER_FILE} was damaged: moved aside to {DAMAGED_FILE}, and kept without its {} line(s) that do not parse (the first: {named:?}); a lease they recorded is not checked until it is recorded again (its holder's next renewal)",
+        damaged.len()
     );
     Ok(())
 }

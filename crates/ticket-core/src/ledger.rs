@@ -15,7 +15,8 @@
 //! - `registry <max_ttl_ms> <margin_ms> <ids>`: a registry of this server
 //!   (or of its primary, replayed) may grant leases of `ids` up to
 //!   `max_ttl_ms`, ended `margin_ms` before the next; the ttl and margin
-//!   are the longest ever recorded, the ids the latest.
+//!   are the longest ever recorded, the ids every one ever recorded (and
+//!   every id of a `lease` line).
 //!
 //! A server stamping fixed id `own` refuses while a `lease` of it is
 //! live, and, after a promotion, for the longest ttl plus
@@ -32,7 +33,7 @@ pub struct Ledger {
     pub free_from_ms: BTreeMap<u16, i64>,
     pub max_ttl_ms: i64,
     pub margin_ms: i64,
-    /// The ids the registry may lease, as last recorded.
+    /// Every id a registry of this timeline could lease or leased (sorted).
     pub leasable: Vec<u16>,
 }
 
@@ -59,9 +60,11 @@ impl Line {
                 id: words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?,
                 free_from_ms: words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?,
             },
+            // A ttl or margin beyond what a setting can be is no registry's
+            // (review: a hand-edited one held every grant off for ever).
             Some("registry") => Line::Registry {
-                max_ttl_ms: words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?,
-                margin_ms: words.next().and_then(|w| w.parse().ok()).ok_or_else(bad)?,
+                max_ttl_ms: words.next().and_then(|w| w.parse().ok()).filter(|v| (0..=crate::leases::MAX_TTL_MS).contains(v)).ok_or_else(bad)?,
+                margin_ms: words.next().and_then(|w| w.parse().ok()).filter(|v| (0..=crate::leases::MAX_TTL_MS).contains(v)).ok_or_else(bad)?,
                 ids: parse_ranges(words.next().unwrap_or(""), u16::MAX).ok_or_else(bad)?,
             },
             _ => return Err(bad()),
@@ -118,14 +121,29 @@ impl Ledger {
             Line::Lease { id, free_from_ms } => {
                 let entry = self.free_from_ms.entry(*id).or_insert(i64::MIN);
                 *entry = (*entry).max(*free_from_ms);
+                self.take_leasable(&[*id]);
             }
             Line::Registry { max_ttl_ms, margin_ms, ids } => {
                 self.max_ttl_ms = self.max_ttl_ms.max(*max_ttl_ms);
                 self.margin_ms = self.margin_ms.max(*margin_ms);
-                self.leasable = ids.clone();
+                self.take_leasable(ids);
             }
         }
         *self != before
+    }
+
+    /// Ids only join the leasable ones, never leave (review of #46: a
+    /// renewal under a narrower `lease_ids` rewrote the list, and a promoted
+    /// standby's own id, leased in flight before, stamped at once): an id
+    /// that was leasable once, or leased, may have a grant or renewal lost
+    /// in flight at a promotion.
+    fn take_leasable(&mut self, ids: &[u16]) {
+        if ids.iter().all(|id| self.leasable.binary_search(id).is_ok()) {
+            return;
+        }
+        self.leasable.extend_from_slice(ids);
+        self.leasable.sort_unstable();
+        self.leasable.dedup();
     }
 
     /// The line to record before a lease of `id` that a holder may use
@@ -141,7 +159,7 @@ impl Ledger {
     /// The line to record before granting with these settings, if the
     /// ledger does not say as much yet.
     pub fn registry_to_record(&self, max_ttl_ms: i64, margin_ms: i64, ids: &[u16]) -> Option<Line> {
-        (self.max_ttl_ms < max_ttl_ms || self.margin_ms < margin_ms || self.leasable != ids)
+        (self.max_ttl_ms < max_ttl_ms || self.margin_ms < margin_ms || !ids.iter().all(|id| self.leasable.binary_search(id).is_ok()))
             .then(|| Line::Registry { max_ttl_ms, margin_ms, ids: ids.to_vec() })
     }
 
@@ -207,14 +225,18 @@ mod tests {
     }
 
     #[test]
-    fn a_lease_end_and_the_longest_ttl_never_go_back_and_the_latest_ids_stand() {
+    fn a_lease_end_the_longest_ttl_and_the_leasable_ids_never_go_back() {
         let mut ledger = Ledger::default();
         ledger.apply(&Line::Lease { id: 3, free_from_ms: 5_000 });
         assert!(!ledger.apply(&Line::Lease { id: 3, free_from_ms: 4_000 }), "an older record replayed");
         assert_eq!(ledger.free_from_ms[&3], 5_000);
-        ledger.apply(&Line::Registry { max_ttl_ms: 30_000, margin_ms: 10_000, ids: vec![1, 2, 3] });
+        ledger.apply(&Line::Registry { max_ttl_ms: 30_000, margin_ms: 10_000, ids: vec![1, 2, 5] });
         ledger.apply(&Line::Registry { max_ttl_ms: 2_000, margin_ms: 1_000, ids: vec![1] });
-        assert_eq!((ledger.max_ttl_ms, ledger.margin_ms, ledger.leasable.clone()), (30_000, 10_000, vec![1]));
+        assert_eq!((ledger.max_ttl_ms, ledger.margin_ms, ledger.leasable.clone()), (30_000, 10_000, vec![1, 2, 3, 5]), "ids only join");
+        assert_eq!(ledger.registry_to_record(30_000, 10_000, &[1, 2]), None, "a narrower list says nothing new");
+        for bad in ["registry 86400001 0 1", "registry 1 -1 1", "registry 9223372036854775807 1 1"] {
+            assert!(Line::parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
