@@ -12,9 +12,11 @@
 //! bound fails and its connection is closed: the statement's outcome is
 //! unknown, and callers treat it as a lost reply.
 //!
-//! Each connection pins `search_path` to `pg_catalog, pg_temp` and calls
-//! pg_ticket's functions qualified with the schema the extension lives in,
-//! so nothing a role put on its own `search_path` is called instead.
+//! Each call pins `search_path` to `pg_catalog, pg_temp` for its own
+//! transaction and calls pg_ticket's functions qualified with the schema
+//! the extension lives in, so nothing a role put on its own `search_path`
+//! is called instead; nothing it sets outlives the call (a pooler in
+//! transaction mode hands the server connection to other clients).
 //!
 //! A reply that carries a plain WARNING (SQLSTATE 01000) is a lost reply
 //! too: PostgreSQL reports a synchronous-standby wait cancelled by an
@@ -28,7 +30,8 @@
 //! 22023) are not about the commit: counting them made every call on such
 //! a server a lost reply, and a keeper leased id after id. The session
 //! pins `client_min_messages = warning`, as a role, database or `options=`
-//! setting of `error` would hide the WARNING.
+//! setting of `error` would hide the WARNING (for the call's transaction,
+//! its commit included).
 //!
 //! libpq is loaded when the first connection is made (`dlopen`, with its
 //! symbols kept local), not linked: inside a PostgreSQL server a linked
@@ -85,7 +88,7 @@ libpq_functions! {
     PQerrorMessage: fn(*const PGconn) -> *const c_char;
     PQsocket: fn(*const PGconn) -> c_int;
     PQsetnonblocking: fn(*mut PGconn, c_int) -> c_int;
-    PQsendQueryParams: fn(*mut PGconn, *const c_char, c_int, *const u32, *const *const c_char, *const c_int, *const c_int, c_int) -> c_int;
+    PQsendQuery: fn(*mut PGconn, *const c_char) -> c_int;
     PQflush: fn(*mut PGconn) -> c_int;
     PQconsumeInput: fn(*mut PGconn) -> c_int;
     PQisBusy: fn(*mut PGconn) -> c_int;
@@ -304,7 +307,7 @@ impl Conn {
         value_ptrs.push(std::ptr::null());
         // SAFETY: NULL-terminated arrays of C strings that outlive the call.
         let raw = unsafe { (pq().PQconnectStartParams)(key_ptrs.as_ptr(), value_ptrs.as_ptr(), 1) };
-        let mut conn = Conn { raw, dsn: dsn.to_string(), bound, schema: None, registry_schema: None, warning: Box::default() };
+        let conn = Conn { raw, dsn: dsn.to_string(), bound, schema: None, registry_schema: None, warning: Box::default() };
         if raw.is_null() || unsafe { (pq().PQstatus)(raw) } == CONNECTION_BAD {
             return Err(CallError::Connection(error_message(raw)));
         }
@@ -328,23 +331,6 @@ impl Conn {
         if unsafe { (pq().PQsetnonblocking)(conn.raw, 1) } != 0 {
             return Err(CallError::Connection(error_message(conn.raw)));
         }
-        // The server bounds the session too: a statement the client gave up
-        // on (no answer within `bound`) is not left to commit later — a lock
-        // wait ends at the bound, anything else at twice it, and a session
-        // whose client is gone ends within a second. Twice: a reply the
-        // server sends after cancelling a synchronous-standby wait (a
-        // WARNING, the commit local only) arrives after the client stopped
-        // listening, never as a success it believes.
-        let bound_ms = bound.as_millis().to_string();
-        let twice_ms = (bound.as_millis() * 2).to_string();
-        conn.query_one(
-            "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', false), \
-                    pg_catalog.set_config('lock_timeout', $1, false), pg_catalog.set_config('statement_timeout', $2, false), \
-                    pg_catalog.set_config('client_connection_check_interval', '1000', false), \
-                    pg_catalog.set_config('client_min_messages', 'warning', false)",
-            &[(&bound_ms).into(), (&twice_ms).into()],
-            stop,
-        )?;
         Ok(conn)
     }
 
@@ -417,30 +403,9 @@ impl Conn {
     fn run(&mut self, sql: &str, params: &[Param<'_>], stop: &dyn Fn() -> bool) -> Result<Option<Row>, CallError> {
         let deadline = Instant::now() + self.bound;
         *self.warning.lock().unwrap_or_else(|p| p.into_inner()) = None;
-        let sql = c_string("the statement", sql)?;
-        let texts: Vec<Option<CString>> = params
-            .iter()
-            .map(|p| match p {
-                Param::Text(s) => c_string("a parameter", s).map(Some),
-                Param::Int(n) => c_string("a parameter", &n.to_string()).map(Some),
-                Param::Null => Ok(None),
-            })
-            .collect::<Result<_, _>>()?;
-        let values: Vec<*const c_char> = texts.iter().map(|t| t.as_ref().map_or(std::ptr::null(), |t| t.as_ptr())).collect();
-        // SAFETY: the statement and parameters outlive the call; types,
-        // lengths and formats NULL (text, inferred).
-        let sent = unsafe {
-            (pq().PQsendQueryParams)(
-                self.raw,
-                sql.as_ptr(),
-                values.len() as c_int,
-                std::ptr::null(),
-                values.as_ptr(),
-                std::ptr::null(),
-                std::ptr::null(),
-                0,
-            )
-        };
+        let sql = c_string("the statement", &self.with_settings(sql, params)?)?;
+        // SAFETY: the statement outlives the call.
+        let sent = unsafe { (pq().PQsendQuery)(self.raw, sql.as_ptr()) };
         if sent == 0 {
             return Err(CallError::Connection(error_message(self.raw)));
         }
@@ -456,7 +421,8 @@ impl Conn {
                 _ => return Err(CallError::Connection(error_message(self.raw))),
             }
         }
-        let (mut row, mut error) = (None, None);
+        // The first answer is the settings' own row.
+        let (mut row, mut error, mut answers) = (None, None, 0);
         loop {
             while unsafe { (pq().PQisBusy)(self.raw) } != 0 {
                 self.wait_ready(false, deadline, stop)?;
@@ -468,7 +434,9 @@ impl Conn {
             if result.is_null() {
                 break;
             }
+            answers += 1;
             match unsafe { (pq().PQresultStatus)(result) } {
+                PGRES_TUPLES_OK if answers == 1 => {}
                 PGRES_TUPLES_OK if row.is_none() && unsafe { (pq().PQntuples)(result) } > 0 => {
                     row = Some(first_row(result));
                 }
@@ -484,6 +452,33 @@ impl Conn {
             Some(warning) => Err(CallError::Connection(format!("the server warned \"{warning}\": the outcome is taken as unknown"))),
             None => Ok(row),
         }
+    }
+
+    /// `sql` with its parameters written in as literals, after the
+    /// session's settings for this call, set for its transaction only: one
+    /// simple query, one implicit transaction (#48 item 1: settings kept by
+    /// the session outlive the call, and behind a pooler in transaction mode
+    /// they reached every other client of the server connection — a
+    /// `search_path` of `pg_catalog, pg_temp`, a statement timeout that
+    /// cancelled the application's own query). The server bounds the call
+    /// too: a statement the client gave up on (no answer within `bound`) is
+    /// not left to commit later — a lock wait ends at the bound, anything
+    /// else at twice it, and a session whose client is gone ends within a
+    /// second. Twice: a reply the server sends after cancelling a
+    /// synchronous-standby wait (a WARNING, the commit local only) arrives
+    /// after the client stopped listening, never as a success it believes.
+    fn with_settings(&self, sql: &str, params: &[Param<'_>]) -> Result<String, CallError> {
+        let bound_ms = self.bound.as_millis();
+        let mut text = format!(
+            "SELECT pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true), \
+                    pg_catalog.set_config('lock_timeout', '{bound_ms}', true), \
+                    pg_catalog.set_config('statement_timeout', '{}', true), \
+                    pg_catalog.set_config('client_connection_check_interval', '1000', true), \
+                    pg_catalog.set_config('client_min_messages', 'warning', true); ",
+            bound_ms * 2
+        );
+        text.push_str(&with_literals(sql, params)?);
+        Ok(text)
     }
 
     /// The schema pg_ticket's everyday functions live in on this connection
@@ -535,6 +530,43 @@ impl Conn {
         }
         Ok(schema)
     }
+}
+
+/// `sql` with `$n` replaced by parameter n as a literal: text as an
+/// escape string (`E'...'`, whatever `standard_conforming_strings` says),
+/// numbers in parentheses, NULL. The statements are this crate's own (no
+/// `$` but placeholders); a `$n` past the parameters is an error.
+fn with_literals(sql: &str, params: &[Param<'_>]) -> Result<String, CallError> {
+    let mut out = String::with_capacity(sql.len() + 32);
+    let mut chars = sql.char_indices().peekable();
+    while let Some((_, c)) = chars.next() {
+        if c != '$' || !chars.peek().is_some_and(|(_, d)| d.is_ascii_digit()) {
+            out.push(c);
+            continue;
+        }
+        let mut n = 0usize;
+        while let Some((_, d)) = chars.peek().copied().filter(|(_, d)| d.is_ascii_digit()) {
+            n = n * 10 + d.to_digit(10).unwrap_or(0) as usize;
+            chars.next();
+        }
+        match n.checked_sub(1).and_then(|i| params.get(i)) {
+            Some(Param::Text(t)) => {
+                out.push_str("E'");
+                for ch in t.chars() {
+                    match ch {
+                        '\\' => out.push_str("\\\\"),
+                        '\'' => out.push_str("''"),
+                        ch => out.push(ch),
+                    }
+                }
+                out.push('\'');
+            }
+            Some(Param::Int(v)) => out.push_str(&format!("({v})")),
+            Some(Param::Null) => out.push_str("NULL"),
+            None => return Err(CallError::Unexpected(format!("${n} has no parameter in {sql:?}"))),
+        }
+    }
+    Ok(out)
 }
 
 /// Row 0 of a result, as text.
@@ -607,6 +639,16 @@ mod tests {
         let err = Conn::connect(&dsn, Duration::from_secs(60), &stop).err().expect("no connection");
         assert_eq!(err, CallError::Stopped);
         assert!(started.elapsed() < Duration::from_secs(3), "a stop is heeded: {:?}", started.elapsed());
+    }
+
+    #[test]
+    fn parameters_are_written_in_as_literals_that_cannot_end_early() {
+        let mut params: Vec<Param> = vec![Param::Text("it's \\'; DROP"), Param::Int(-5), Param::Null];
+        params.extend(["a", "b", "c", "d", "e", "f", "ten"].map(Param::Text));
+        let sql = with_literals("SELECT f($1, $2::bigint, $3, $10, $1)", &params).unwrap();
+        assert_eq!(sql, "SELECT f(E'it''s \\\\''; DROP', (-5)::bigint, NULL, E'ten', E'it''s \\\\''; DROP')");
+        assert!(with_literals("SELECT $11", &params).is_err(), "a placeholder past the parameters");
+        assert_eq!(with_literals("SELECT 'no $ placeholder', 1", &[]).unwrap(), "SELECT 'no $ placeholder', 1");
     }
 
     #[test]
