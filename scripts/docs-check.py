@@ -81,7 +81,7 @@ def check(path):
     return failures
 
 
-TYPES = {"text", "bigint", "integer", "timestamptz", "boolean", "bytea", "oid", "regrole"}
+TYPES = {"text", "bigint", "integer", "timestamptz", "boolean", "bytea", "oid", "regrole", "regclass", "char"}
 
 
 def check_catalog(catalog_out, reference_md):

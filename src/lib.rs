@@ -40,6 +40,8 @@
 //! - `triggers`: `number_rows()` and its per-row scopes.
 //! - `loads`: rows loaded into the mark tables (a restore into a used
 //!   database) keep the higher mark.
+//! - `convert`: a sequence's key column converted to tickets or snowflakes
+//!   and back (SPEC §19.4), SQL only.
 //! - `replicated`: rows replicated from another primary of a group merge
 //!   (SPEC §19): a series' mark never goes back, a node's own state stays.
 //! - `status`: the `pgticket.status` view.
@@ -52,6 +54,7 @@ mod api;
 mod args;
 mod backend_local;
 mod clock;
+mod convert;
 mod counters;
 mod errors;
 mod group;
