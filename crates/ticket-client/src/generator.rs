@@ -60,7 +60,10 @@ impl std::fmt::Debug for GeneratorConfig {
 }
 
 fn default_ttl() -> Duration {
-    Duration::from_secs(60)
+    // Within the registry's default cap (pg_ticket.lease_max_ttl, 45 s),
+    // as the server's own lease (pg_ticket.machine_lease_ttl): 0.4.0's 60 s
+    // was capped by every registry left at its defaults (#48 item 4).
+    Duration::from_secs(30)
 }
 
 fn default_retry() -> Duration {
@@ -104,6 +107,8 @@ struct State {
     withdrawn_stamp_ms: Option<i64>,
     stop: bool,
     last_error: Option<String>,
+    /// The registry's last refusal that no retry changes.
+    refused: Option<String>,
 }
 
 struct Shared {
@@ -166,6 +171,9 @@ impl LeasedGenerator {
         loop {
             if let Some(held) = &st.lease {
                 return Ok(held.lease.grant);
+            }
+            if let Some(why) = &st.refused {
+                return Err(ClientError::RegistryRefused(why.clone()));
             }
             let left = deadline - boot_ms();
             if left <= 0 {
@@ -268,6 +276,11 @@ impl LeaseHolder for Shared {
 
     fn report(&self, error: &str) {
         self.lock().last_error = Some(error.to_string());
+    }
+
+    fn refused(&self, why: Option<String>) {
+        self.lock().refused = why;
+        self.changed.notify_all();
     }
 
     fn current(&self) -> Option<Published> {

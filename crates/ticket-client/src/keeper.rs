@@ -39,6 +39,9 @@ pub trait LeaseHolder {
     fn withdraw(&self);
     /// A call to the registry failed (shown by the holder's errors).
     fn report(&self, error: &str);
+    /// A refusal no retry changes (`registry::permanent_refusal`), or None
+    /// once a call succeeds: a caller waiting for a lease stops waiting.
+    fn refused(&self, _why: Option<String>) {}
     fn current(&self) -> Option<Published>;
     /// The last timestamp (Unix ms) stamped under the current lease (or,
     /// after `withdraw`, under the lease just withdrawn).
@@ -216,11 +219,17 @@ impl LeaseKeeper {
         match self.call_at(holder, &dsn, true, bound, |conn, stop| registry::lease(conn, &name, ttl_ms, stop)) {
             Ok((grant, clocks)) => {
                 self.leased_from = Some(dsn);
+                holder.refused(None);
                 holder.publish(Self::published(grant, sent, ttl_ms, clocks))
             }
             Err(e) => {
                 if registry::ttl_refused(&e) {
                     self.cap_ttl(holder);
+                }
+                // Retried all the same (a GRANT may come), but a caller
+                // waiting for the lease is told at once.
+                if let Some(why) = registry::permanent_refusal(&e) {
+                    holder.refused(Some(why));
                 }
                 holder.pause_until(boot_ms().saturating_add(self.retry_ms));
             }

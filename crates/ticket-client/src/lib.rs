@@ -62,6 +62,10 @@ pub enum ClientError {
     InvalidConfig(String),
     #[error("no machine-id lease is held (waiting for the registry{})", last_error_suffix(.last_error))]
     NoLease { last_error: Option<String> },
+    /// The registry refuses in a way no retry changes (a missing GRANT, no
+    /// pg_ticket there): the wait for a lease ends at once (#48 item 3).
+    #[error("the registry refuses to lease: {0}")]
+    RegistryRefused(String),
     #[error("the lease of machine id {machine_id} may have ended by this process's reckoning (no renewal within its ttl); no ID is issued until it is renewed or a new lease is held")]
     LeaseMayHaveEnded { machine_id: u16 },
     #[error("this host's clock differs from the registry's by {skew_ms} ms, more than half pg_ticket.lease_margin ({allowed_ms} ms); no ID is issued until they agree")]
@@ -103,7 +107,7 @@ mod tests {
         assert!(matches!(LeasedGenerator::start(config), Err(ClientError::InvalidConfig(_))));
         assert!(matches!(BlockPool::start(PoolConfig::new("host=/nowhere", "x", 0)), Err(ClientError::InvalidConfig(_))));
         let mut config = GeneratorConfig::new("host=/nowhere", "x");
-        config.retry_interval = std::time::Duration::from_secs(31); // more than half of 60 s
+        config.retry_interval = std::time::Duration::from_secs(16); // more than half of the default 30 s
         assert!(matches!(LeasedGenerator::start(config), Err(ClientError::InvalidConfig(m)) if m.contains("retry_interval")));
         for bad in [r#""call_timeout": "0""#, r#""call_timeout": "2d""#, r#""retry_interval": 0"#, r#""check_interval": "0s""#] {
             let config: PoolConfig = serde_json::from_str(&format!(r#"{{"dsn": "host=/nowhere", "name": "x", "block_size": 10, {bad}}}"#)).unwrap();

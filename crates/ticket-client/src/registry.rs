@@ -115,6 +115,27 @@ pub fn lease_is_over(e: &CallError) -> bool {
     e.code() == Some(OBJECT_NOT_IN_PREREQUISITE_STATE)
 }
 
+/// A refusal no retry can change (#48 item 3): the role may not call the
+/// registry's functions, they do not exist there, or an argument is wrong
+/// (but not a ttl past the registry's cap: that one is lowered and asked
+/// again). The text says what to do.
+pub fn permanent_refusal(e: &CallError) -> Option<String> {
+    let message = e.message();
+    match e.code()? {
+        "42501" => Some(format!(
+            "{message}: the registry's role needs GRANT EXECUTE ON FUNCTION pgticket.lease_machine_id(text, interval), \
+             pgticket.renew_machine_id(integer, bigint, text, interval, bigint), pgticket.release_machine_id(integer, bigint, text, bigint) \
+             (docs/leases.md, \"Registry settings and privileges\")"
+        )),
+        "42883" | "3F000" => Some(format!(
+            "{message}: pg_ticket's registry functions are not there (CREATE EXTENSION pg_ticket, or ALTER EXTENSION pg_ticket UPDATE, in the registry's database)"
+        )),
+        "55000" if message.contains("not installed") => Some(message),
+        INVALID_PARAMETER_VALUE if !ttl_refused(e) => Some(message),
+        _ => None,
+    }
+}
+
 /// Did the registry refuse the ttl as longer than its
 /// `pg_ticket.lease_max_ttl` (22023 naming that setting; other 22023s are
 /// about other arguments)?

@@ -183,11 +183,12 @@ fn wait_in_slices<T: Send>(py: Python<'_>, total: Duration, attempt: impl Fn(Dur
     }
 }
 
-/// LeasedGenerator(dsn, holder, ttl=60.0, wait=10.0)
+/// LeasedGenerator(dsn, holder, ttl=30.0, wait=10.0)
 ///
 /// Snowflake IDs made in this process, stamped with a machine id leased
 /// from a pg_ticket registry (`dsn`: a libpq connection string or URI).
-/// Waits up to `wait` seconds for the first lease (raising NoLease), then
+/// Waits up to `wait` seconds for the first lease (raising NoLease; at once
+/// Error where the registry refuses for good: a missing GRANT), then
 /// renews it in a thread of its own every third of `ttl`. `next_id()`
 /// never touches the network and refuses (LeaseLost, ClockError) rather
 /// than issue an ID its lease may not cover. `close()` (or leaving a
@@ -198,7 +199,7 @@ struct LeasedGenerator(Held<ticket_client::LeasedGenerator>);
 #[pymethods]
 impl LeasedGenerator {
     #[new]
-    #[pyo3(signature = (dsn, holder, ttl = 60.0, wait = 10.0))]
+    #[pyo3(signature = (dsn, holder, ttl = 30.0, wait = 10.0))]
     fn new(py: Python<'_>, dsn: String, holder: String, ttl: f64, wait: f64) -> PyResult<Self> {
         let mut config = GeneratorConfig::new(dsn, holder);
         config.ttl = seconds("ttl", ttl)?;

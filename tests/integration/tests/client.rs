@@ -559,3 +559,37 @@ fn a_registry_that_warns_at_every_backend_start_still_grants_one_lease() {
     let leases: i64 = registry.connect().query_one("SELECT count(*) FROM pgticket.machine_ids WHERE holder = 'warned'", &[]).unwrap().get(0);
     assert_eq!(leases, 1, "one lease (machine id {}), not one per attempt", grant.machine_id);
 }
+
+/// #48 item 3: a refusal no retry changes ends the wait for a lease at
+/// once, saying what to do (0.4.0 waited the whole timeout, 30 s or the
+/// docs' 90, then said only "permission denied for function
+/// lease_machine_id"); the generator goes on asking, and leases once the
+/// GRANT is made.
+#[test]
+fn a_missing_grant_ends_the_wait_for_a_lease_at_once_naming_the_grant() {
+    let registry = Cluster::start("client-nogrant", 55657, &[]);
+    registry.connect().batch_execute("CREATE ROLE no_grant LOGIN").unwrap();
+    let generator = LeasedGenerator::start(GeneratorConfig::new(registry.dsn_as("no_grant", "postgres"), "ungranted")).unwrap();
+    let started = Instant::now();
+    let err = generator.wait_for_lease(Duration::from_secs(60)).expect_err("no lease without the grant");
+    assert!(started.elapsed() < Duration::from_secs(10), "the wait ended at once: {:?}", started.elapsed());
+    assert!(matches!(err, ticket_client::ClientError::RegistryRefused(_)), "{err:?}");
+    let message = err.to_string();
+    assert!(message.contains("permission denied") && message.contains("GRANT EXECUTE ON FUNCTION pgticket.lease_machine_id"), "{message}");
+    registry
+        .connect()
+        .batch_execute(
+            "GRANT EXECUTE ON FUNCTION pgticket.lease_machine_id(text, interval),
+                                       pgticket.renew_machine_id(integer, bigint, text, interval, bigint),
+                                       pgticket.release_machine_id(integer, bigint, text, bigint) TO no_grant",
+        )
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let grant = loop {
+        match generator.wait_for_lease(Duration::from_secs(1)) {
+            Ok(grant) => break grant,
+            Err(e) => assert!(Instant::now() < deadline, "no lease after the GRANT: {e}"),
+        }
+    };
+    assert!(generator.next_id().is_ok(), "IDs under the lease of machine id {}", grant.machine_id);
+}
