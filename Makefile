@@ -92,7 +92,8 @@ test-python: setup
 	scripts/python-test.sh
 
 # The pg-ticket wheel in target/wheels/ (docs/python.md).
-python-wheel: setup
+# Needs Rust and python3 only (not the server toolchain of `make setup`).
+python-wheel:
 	scripts/python-wheel.sh
 
 # The nemesis (tests/nemesis): seeded random faults on a fleet, then the
