@@ -290,3 +290,14 @@ print("ok")
 def test_a_fork_while_another_thread_is_inside_a_call_hangs_nothing():
     done = subprocess.run([sys.executable, "-c", FORK_DURING_A_CALL], capture_output=True, text=True, timeout=30)
     assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def test_decode_takes_the_epoch_as_a_generator_gives_it(registry):
+    """#48 item 2: docs/python.md decoded with ``generator.epoch_ms`` (an int),
+    which raised TypeError; the setting's text gives the same parts."""
+    with pg_ticket.LeasedGenerator(registry.dsn, holder="decode-epoch", wait=60.0) as generator:
+        flake = generator.next_id()
+        by_ms = pg_ticket.decode(flake, generator.machine_bits, generator.epoch_ms)
+        by_text = pg_ticket.decode(flake, generator.machine_bits, "2026-01-01")
+        assert by_ms == by_text
+        assert by_ms[1] == generator.machine_id
