@@ -45,7 +45,7 @@ fi
 # The Python tier (crates/ticket-py, tests/python): maturin builds the
 # pg-ticket wheel; pytest runs it with Django, SQLAlchemy and psycopg.
 PY_VENV=/opt/pgt-py
-PY_TOOLS="maturin==1.16.0 pytest==9.2.0 django==5.2.19 sqlalchemy==2.1.9 psycopg[binary]==3.3.9"
+PY_TOOLS="maturin==1.16.0 pytest==9.2.0 django==5.2.19 sqlalchemy==2.1.9 greenlet==3.5.6 psycopg[binary]==3.3.9"
 if [ "$(cat "$PY_VENV/tools" 2>/dev/null)" != "$PY_TOOLS" ]; then
     echo "setup: installing the Python tier's tools ($PY_TOOLS) into $PY_VENV"
     [ -d "$PY_VENV" ] || $SUDO /usr/bin/python3 -m venv "$PY_VENV"

@@ -124,3 +124,21 @@ def test_the_helpers_call_the_extension_in_its_own_schema(django_db):
         assert [next_scoped_id("q", "d", using="odd_schema") for _ in range(3)] == [1, 2, 3]
     assert reserve_block("b", 5, using="odd_schema") == (1, 5)
     connections["odd_schema"].close()
+
+
+def test_an_async_view_numbers_invoices_through_sync_to_async(django_db):
+    """#48 item 7: an async view (AsyncClient) numbers gap-free through the
+    ORM wrapped in sync_to_async, the transaction whole inside it."""
+    import asyncio
+
+    from django.test import AsyncClient
+
+    from djapp.models import Invoice
+
+    async def post_all():
+        client = AsyncClient()
+        return [(await client.post("/async/shops/async-17/invoices")).json()["number"] for _ in range(5)]
+
+    numbers = asyncio.run(post_all())
+    assert numbers == [1, 2, 3, 4, 5]
+    assert sorted(Invoice.objects.filter(shop="async-17").values_list("number", flat=True)) == [1, 2, 3, 4, 5]

@@ -105,3 +105,38 @@ def test_an_extension_created_again_elsewhere_is_found_on_the_next_call(registry
             session.commit()
     finally:
         engine.dispose()
+
+
+def test_the_async_helpers_follow_the_async_sessions_transactions(engine, registry):
+    """#48 item 7: AsyncSession (psycopg's async mode): numbers commit or
+    roll back with the session's transaction, blocks commit at once."""
+    pytest.importorskip("greenlet")
+    import asyncio
+
+    from sqlalchemy.ext.asyncio import AsyncSession, create_async_engine
+
+    from pg_ticket.sqlalchemy import next_scoped_id_async, reserve_block_async
+
+    async def run():
+        engine = create_async_engine(f"postgresql+psycopg://postgres@/py_sqlalchemy?host={registry.dir}&port={registry.port}")
+        async with engine.begin() as connection:
+            await connection.run_sync(Base.metadata.create_all)
+        kept = []
+        for i in range(20):
+            async with AsyncSession(engine) as session:
+                number = await next_scoped_id_async(session, "shop-async", "invoice/2026")
+                session.add(Invoice(shop="async", number=number))
+                if i % 3 == 0:
+                    await session.rollback()
+                else:
+                    await session.commit()
+                    kept.append(number)
+        first, last = await reserve_block_async(engine, "async-blocks", 10)
+        with pytest.raises(TypeError):
+            await reserve_block_async(AsyncSession(engine), "async-blocks", 10)
+        await engine.dispose()
+        return kept, (first, last)
+
+    kept, block = asyncio.run(run())
+    assert kept == list(range(1, len(kept) + 1)), "gap-free across rolled-back async transactions"
+    assert block == (1, 10)

@@ -8,6 +8,11 @@ number is gap-free when it commits with the row that uses it (refused on an
 AUTOCOMMIT connection, where it would commit at once). ``reserve_block``
 takes the Engine and commits the reservation in a transaction of its own
 before it returns: a block is used only after its reservation committed.
+
+With asyncio (``AsyncSession``, ``AsyncConnection``, ``AsyncEngine``; the
+``psycopg`` driver's async mode): ``next_scoped_id_async`` and
+``reserve_block_async``, the same calls run through SQLAlchemy's
+``run_sync`` on the async connection (``pip install sqlalchemy[asyncio]``).
 """
 
 from typing import Tuple, Union
@@ -53,4 +58,30 @@ def reserve_block(engine: Engine, name: str, size: int) -> Tuple[int, int]:
         )
     with engine.begin() as connection:
         row = _call(connection, "SELECT first_id, last_id FROM {schema}.reserve_block(:name, :size)", {"name": name, "size": size}).one()
+    return row.first_id, row.last_id
+
+
+async def next_scoped_id_async(session, queue: str, domain: str) -> int:
+    """``next_scoped_id`` for an ``AsyncSession`` or ``AsyncConnection``."""
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    connection = await session.connection() if isinstance(session, AsyncSession) else session
+    return await connection.run_sync(next_scoped_id, queue, domain)
+
+
+async def reserve_block_async(engine, name: str, size: int) -> Tuple[int, int]:
+    """``reserve_block`` for an ``AsyncEngine``: committed before it returns."""
+    from sqlalchemy.ext.asyncio import AsyncEngine
+
+    if not isinstance(engine, AsyncEngine):
+        raise TypeError(
+            "pg_ticket.sqlalchemy.reserve_block_async takes the AsyncEngine: it commits the reservation "
+            "in a transaction of its own (a block is used only after its reservation committed)"
+        )
+    async with engine.begin() as connection:
+        row = (
+            await connection.run_sync(
+                lambda sync: _call(sync, "SELECT first_id, last_id FROM {schema}.reserve_block(:name, :size)", {"name": name, "size": size}).one()
+            )
+        )
     return row.first_id, row.last_id
