@@ -91,6 +91,8 @@ CREATE TRIGGER by_replication BEFORE INSERT OR UPDATE OR DELETE ON pgticket.leas
     FOR EACH ROW EXECUTE FUNCTION pgticket.by_replication();
 CREATE TRIGGER by_replication BEFORE INSERT OR UPDATE OR DELETE ON pgticket.scope_quota
     FOR EACH ROW EXECUTE FUNCTION pgticket.by_replication();
+CREATE TRIGGER by_replication BEFORE INSERT OR UPDATE OR DELETE ON pgticket.rights
+    FOR EACH ROW EXECUTE FUNCTION pgticket.by_replication();
 ALTER TABLE pgticket.scoped_counters ENABLE REPLICA TRIGGER by_replication;
 ALTER TABLE pgticket.blocks ENABLE REPLICA TRIGGER by_replication;
 ALTER TABLE pgticket.tickets ENABLE REPLICA TRIGGER by_replication;
@@ -98,6 +100,7 @@ ALTER TABLE pgticket.id_space ENABLE REPLICA TRIGGER by_replication;
 ALTER TABLE pgticket.machine_id_leases ENABLE REPLICA TRIGGER by_replication;
 ALTER TABLE pgticket.lease_registry ENABLE REPLICA TRIGGER by_replication;
 ALTER TABLE pgticket.scope_quota ENABLE REPLICA TRIGGER by_replication;
+ALTER TABLE pgticket.rights ENABLE REPLICA TRIGGER by_replication;
 
 -- SPEC s.19.3: the functions of a group of primaries (src/group.rs).
 CREATE  FUNCTION pgticket."join_group"() RETURNS TEXT /* String */

@@ -83,13 +83,17 @@ fn me() -> Node {
     }
 }
 
-/// How many subscriptions this database has (native, and pglogical's).
+/// How many subscriptions of this database carry pg_ticket's state tables:
+/// native ones with a table of schema `pgticket` among their relations
+/// (a subscription to an unrelated feed is no group: review of #47, it
+/// refused every allocator for good), and every pglogical one (its
+/// replication sets are the provider's to know).
 fn subscriptions(client: &pgrx::spi::SpiClient<'_>) -> Result<i64, pgrx::spi::Error> {
     let native: i64 = client
         .select(
-            "SELECT pg_catalog.count(*) FROM pg_catalog.pg_subscription \
-              WHERE subdbid OPERATOR(pg_catalog.=) (SELECT oid FROM pg_catalog.pg_database \
-                                                     WHERE datname OPERATOR(pg_catalog.=) pg_catalog.current_database())",
+            "SELECT pg_catalog.count(DISTINCT r.srsubid) FROM pg_catalog.pg_subscription_rel r \
+               JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) r.srrelid \
+              WHERE c.relnamespace OPERATOR(pg_catalog.=) 'pgticket'::pg_catalog.regnamespace",
             None,
             &[],
         )?
@@ -157,20 +161,61 @@ fn view(table: state_tables::Table, with_subscriptions: bool) -> View {
     .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot read pgticket.nodes: {e}"))
 }
 
-/// Whether this database knows another node (cached per state-table
-/// generation: a change of `pgticket.nodes` moves it, through the table's
-/// `changed` trigger).
-static IN_GROUP: BackendLocal<Option<(u64, bool)>> = BackendLocal::new(None);
+/// What this node may do by its group's rule, as last looked at: whether
+/// the database is alone, and the leave for each use. Looked at again when
+/// a state table (`pgticket.nodes` among them) or a subscription changes
+/// (a relcache and a syscache callback), and every few seconds (pglogical's
+/// subscriptions send no invalidation).
+#[derive(Clone)]
+struct Leave {
+    alone: bool,
+    of: [Result<(), Refusal>; 3],
+}
 
-pub fn in_group() -> bool {
-    let generation = state_tables::generation();
-    if let Some((seen, in_group)) = IN_GROUP.get().filter(|(g, _)| *g == generation) {
-        let _ = seen;
-        return in_group;
+static LEAVE: BackendRefCell<Option<(u64, u64, i64, Leave)>> = BackendRefCell::new();
+/// Moved by every change of `pg_subscription` or `pg_subscription_rel`.
+static SUBSCRIPTIONS_CHANGED: BackendLocal<u64> = BackendLocal::new(0);
+static CALLBACK_REGISTERED: BackendLocal<bool> = BackendLocal::new(false);
+const LOOK_AGAIN_MS: i64 = 5_000;
+
+#[pg_guard]
+unsafe extern "C-unwind" fn on_subscription_change(_arg: pg_sys::Datum, _cache: i32, _hash: u32) {
+    SUBSCRIPTIONS_CHANGED.set(SUBSCRIPTIONS_CHANGED.get().wrapping_add(1));
+}
+
+fn slot(what: Use) -> usize {
+    match what {
+        Use::Tickets => 0,
+        Use::Snowflakes => 1,
+        Use::NewScope => 2,
     }
-    let in_group = nodes_table().is_some_and(|table| !view(table, false).others.is_empty());
-    IN_GROUP.set(Some((generation, in_group)));
-    in_group
+}
+
+fn leave() -> Option<Leave> {
+    let table = nodes_table()?;
+    if !CALLBACK_REGISTERED.replace(true) {
+        for cache in [pg_sys::SysCacheIdentifier::SUBSCRIPTIONOID, pg_sys::SysCacheIdentifier::SUBSCRIPTIONRELMAP] {
+            unsafe { pg_sys::CacheRegisterSyscacheCallback(cache as i32, Some(on_subscription_change), pg_sys::Datum::from(0)) };
+        }
+    }
+    let (generation, subscriptions) = (state_tables::generation(), SUBSCRIPTIONS_CHANGED.get());
+    let now = crate::clock::now_unix_ms();
+    let cached = LEAVE.with(|c| {
+        c.as_ref()
+            .and_then(|(g, s, at, leave)| (*g == generation && *s == subscriptions && now.saturating_sub(*at) < LOOK_AGAIN_MS).then(|| leave.clone()))
+    });
+    Some(cached.unwrap_or_else(|| {
+        let (view, me) = (view(table, true), me());
+        let leave = Leave { alone: view.alone(), of: [Use::Tickets, Use::Snowflakes, Use::NewScope].map(|what| view.check(&me, what)) };
+        LEAVE.with(|c| *c = Some((generation, subscriptions, now, leave.clone())));
+        leave
+    }))
+}
+
+/// Whether this database is in a group (it knows another node, or a
+/// subscription of it carries pg_ticket's tables).
+pub fn in_group() -> bool {
+    leave().is_some_and(|l| !l.alone)
 }
 
 /// The home a new scope or block name gets: this node in a group, none on
@@ -180,39 +225,28 @@ pub fn home_of_new() -> Option<i64> {
 }
 
 /// SPEC §19.3: may this node create the gap-free scope or block name
-/// `label` now? (Not cached: a new scope is rare, and must see a node that
-/// announced itself a moment ago.)
+/// `label` now? On a server alone always (unless set not to create); in a
+/// group only on the one node set to create, once every node it subscribes
+/// to has announced itself and its own row says what its settings say.
 pub fn check_may_create(label: &str) -> Result<(), TicketError> {
-    let Some(table) = nodes_table() else { return Ok(()) };
-    view(table, true).check(&me(), Use::NewScope).map_err(|r| refused(&format!("{label} is new"), r))
+    check(Use::NewScope, &format!("{label} is new"))
 }
-
-/// The group's leave for tickets and fixed-id snowflakes, as last seen:
-/// looked at again when a state table (`pgticket.nodes` among them)
-/// changes, and every few seconds (a subscription created since).
-static ALLOCATOR_LEAVE: BackendRefCell<[Option<(u64, i64, Result<(), Refusal>)>; 2]> = BackendRefCell::new();
-const LOOK_AGAIN_MS: i64 = 5_000;
 
 /// SPEC §19.3: may this node hand out tickets / stamp snowflakes with its
 /// fixed machine id, by its group's rule?
 pub fn check_allocator(what: Use) -> Result<(), TicketError> {
-    let Some(table) = nodes_table() else { return Ok(()) };
-    let generation = state_tables::generation();
-    let now = crate::clock::now_unix_ms();
-    let slot = usize::from(what != Use::Tickets);
-    let cached = ALLOCATOR_LEAVE.with(|c| {
-        c[slot].as_ref().and_then(|(g, at, leave)| (*g == generation && now.saturating_sub(*at) < LOOK_AGAIN_MS).then(|| leave.clone()))
-    });
-    let leave = cached.unwrap_or_else(|| {
-        let leave = view(table, true).check(&me(), what);
-        ALLOCATOR_LEAVE.with(|c| c[slot] = Some((generation, now, leave.clone())));
-        leave
-    });
-    let label = match what {
-        Use::Tickets => "next_ticket()",
-        _ => "snowflake_id()",
+    let subject = match what {
+        Use::Tickets => "next_ticket() on this node",
+        _ => "snowflake_id() on this node",
     };
-    leave.map_err(|r| refused(&format!("{label} on this node"), r))
+    check(what, subject)
+}
+
+fn check(what: Use, subject: &str) -> Result<(), TicketError> {
+    match leave() {
+        None => Ok(()),
+        Some(leave) => leave.of[slot(what)].clone().map_err(|r| refused(subject, r)),
+    }
 }
 
 fn refused(subject: &str, refusal: Refusal) -> TicketError {
@@ -258,34 +292,26 @@ pub enum AtHome {
 pub fn check_home(label: &str, home: Option<i64>) -> Result<AtHome, TicketError> {
     let me = node_id();
     let Some(home) = home else {
-        if !in_group() {
-            return Ok(AtHome::Yes);
-        }
-        if settings::creates_scopes() {
-            return Ok(AtHome::Claim);
-        }
-        let group = nodes_table().map(|t| view(t, false));
-        let creator = group.as_ref().and_then(|g| g.others.iter().find(|n| n.creates_scopes)).map(|n| n.name.clone());
-        let name = creator.unwrap_or_else(|| "set to create scopes (pg_ticket.creates_scopes)".into());
-        return Err(TicketError::NotInGroupRule {
-            what: format!("{label} has no home node (made before this database joined a group of primaries): it is used on the node that creates scopes only, which takes it as its home"),
-            hint: format!("Call it on node {name:?} first (docs/multi-primary.md)."),
-        });
+        // No home (before 0.5.0, or before the database joined a group): in
+        // a group, used on the node that creates scopes only, once the
+        // group's rule lets it create (review of #47: every node served
+        // it until both had joined).
+        return match leave() {
+            Some(leave) if !leave.alone => match &leave.of[slot(Use::NewScope)] {
+                Ok(()) => Ok(AtHome::Claim),
+                Err(refusal) => Err(refused(&format!("{label} has no home node (made before this database joined a group of primaries), and it is used, and taken as its home, where a new one could be made"), refusal.clone())),
+            },
+            _ => Ok(AtHome::Yes),
+        };
     };
     if home == me {
         return Ok(AtHome::Yes);
     }
     // A database alone (restored from a group member's dump: pgticket.nodes
-    // is not dumped) serves what it holds; one that subscribes to anything
-    // is a member that may not have heard of its group yet.
+    // is not dumped) serves what it holds; one that subscribes to pg_ticket's
+    // tables is a member that may not have heard of its group yet.
     if !in_group() {
-        let subscriptions = nodes_table().map_or(0, |table| {
-            state_tables::as_owner_of(table, || Spi::connect(|client| subscriptions(client)))
-                .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot count this database's subscriptions: {e}"))
-        });
-        if subscriptions == 0 {
-            return Ok(AtHome::Yes);
-        }
+        return Ok(AtHome::Yes);
     }
     let name = nodes_table()
         .and_then(|table| view(table, false).others.into_iter().find(|n| n.id == home).map(|n| n.name))

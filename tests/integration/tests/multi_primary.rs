@@ -81,13 +81,33 @@ fn a_subscriber_keeps_its_higher_marks_and_another_nodes_rows_disable_nothing() 
     let b = start("mp-b", 55651, 2, 2);
     let (mut on_a, mut on_b) = (a.fresh_db(DB), b.fresh_db(DB));
     for db in [&mut on_a, &mut on_b] {
-        db.batch_execute("CREATE TABLE items (id bigint PRIMARY KEY, node text NOT NULL)").unwrap();
+        db.batch_execute("CREATE TABLE items (id bigint PRIMARY KEY, node text NOT NULL); CREATE TABLE countries (code text PRIMARY KEY)").unwrap();
     }
+    // A subscription to an unrelated feed (no table of pg_ticket's) makes
+    // no group (review of #47: it refused every allocator for good).
+    on_a.batch_execute("CREATE PUBLICATION feed FOR TABLE countries; INSERT INTO countries VALUES ('fr')").unwrap();
+    let mut on_feed = b.fresh_db("mp_feed");
+    on_feed.batch_execute("CREATE TABLE countries (code text PRIMARY KEY)").unwrap();
+    on_feed
+        .batch_execute(&format!("CREATE SUBSCRIPTION feed CONNECTION '{}' PUBLICATION feed", a.dsn_as("postgres", DB)))
+        .unwrap();
+    wait_for_sync(&mut on_feed);
+    on_feed.query_one("SELECT snowflake_id()", &[]).expect("a feed's subscriber stamps alone");
+    on_feed.query_one("SELECT next_ticket('q', 'd'), next_scoped_id('s', 'd')", &[]).expect("and hands out alone");
+    on_feed.batch_execute("DROP SUBSCRIPTION feed").unwrap();
+    drop(on_feed);
     assert_eq!(scoped(&mut on_b, 80), 80);
     on_b.query_one("SELECT last_id FROM reserve_block('batch', 80)", &[]).unwrap();
     assert_eq!(scoped(&mut on_a, 50), 50);
     on_a.query_one("SELECT last_id FROM reserve_block('batch', 50)", &[]).unwrap();
     on_a.batch_execute("INSERT INTO items SELECT snowflake_id(), 'a'; SELECT next_ticket('q', 'd') FROM generate_series(1, 3)").unwrap();
+    // b creates the group's scopes from now on (and takes the ones of no
+    // home): a is set not to.
+    on_a.batch_execute("ALTER SYSTEM SET pg_ticket.creates_scopes = off").unwrap();
+    on_a.batch_execute("SELECT pg_reload_conf()").unwrap();
+    wait_until("a reloads", Duration::from_secs(10), || {
+        on_a.query_one("SHOW pg_ticket.creates_scopes", &[]).unwrap().get::<_, String>(0) == "off"
+    });
     on_a.batch_execute("CREATE PUBLICATION everything FOR ALL TABLES").unwrap();
     subscribe(&mut on_b, "from_a", &a, "copy_data = true");
     wait_for_sync(&mut on_b);
@@ -97,6 +117,10 @@ fn a_subscriber_keeps_its_higher_marks_and_another_nodes_rows_disable_nothing() 
     let (code, message, hint) = refusal(on_b.query_one("SELECT next_ticket('q', 'd')", &[]));
     assert_eq!(code, "55000");
     assert!(message.contains("not announced itself") && hint.contains("join_group"), "{message} / {hint}");
+    // Its scope of no home (made while alone) is not served either until
+    // the group's rule lets it (review: served before anyone joined).
+    let (_, message, _) = refusal(on_b.query_one("SELECT next_scoped_id('shop', 'invoice')", &[]));
+    assert!(message.contains("has no home node"), "{message}");
     on_b.query_one("SELECT pgticket.join_group()", &[]).unwrap();
     let (_, message, _) = refusal(on_b.query_one("SELECT snowflake_id()", &[]));
     assert!(message.contains("subscribes to 1 publication(s) but knows 0 other node(s)"), "{message}");
@@ -130,6 +154,16 @@ fn a_subscriber_keeps_its_higher_marks_and_another_nodes_rows_disable_nothing() 
     // The publisher's own registry and space stay its own.
     let spaces: i64 = on_b.query_one("SELECT count(*) FROM pgticket.id_space", &[]).unwrap().get(0);
     assert_eq!(spaces, 1, "this node's first snowflake recorded its own space only");
+    // A grant names a role, which is a cluster's own: not applied on
+    // another node, as the docs ask, the role made on every node first
+    // (PostgreSQL reads the row's role before pg_ticket sees the row: a
+    // role missing there stops the apply).
+    on_b.batch_execute("CREATE ROLE mp_zed").unwrap();
+    on_a.batch_execute("CREATE ROLE mp_zed; SELECT pgticket.grant_scope('mp_zed', 'shop', 'invoice')").unwrap();
+    let last: i64 = on_a.query_one("INSERT INTO items SELECT snowflake_id(), 'a' RETURNING id", &[]).unwrap().get(0);
+    wait_for_row(&mut on_b, last);
+    let grants: i64 = on_b.query_one("SELECT count(*) FROM pgticket.rights", &[]).unwrap().get(0);
+    assert_eq!(grants, 0, "another node's grant is its own");
     assert_eq!(apply_errors(&mut on_b), 0, "no apply error");
     drop(on_b);
     b.stop();
@@ -168,6 +202,19 @@ fn two_primaries_replicating_both_ways_allocate_at_once_without_an_apply_error()
         .unwrap()
         .get(0);
     assert_eq!(odd_even, 0, "each node's tickets are in its own residue class");
+    // The ticket scope's mark is the group's (the higher merged both ways),
+    // each node's row keeping its own series: a node that takes an offset
+    // another used starts above all it reserved (review: per-node marks
+    // handed a swapped offset's tickets out again).
+    let row = |db: &mut Client| -> (i64, i32) {
+        let r = db.query_one("SELECT mark, ticket_offset FROM pgticket.tickets WHERE queue = 'orders' AND domain = 'eu'", &[]).unwrap();
+        (r.get(0), r.get(1))
+    };
+    wait_until("the ticket marks merge", Duration::from_secs(30), || row(&mut on_a).0 == row(&mut on_b).0);
+    let (mark, _) = row(&mut on_a);
+    let highest: i64 = on_a.query_one("SELECT max(id) FROM items WHERE id < 1000000", &[]).unwrap().get(0);
+    assert!(mark >= highest, "the group's mark {mark} covers every ticket handed out ({highest})");
+    assert_eq!((row(&mut on_a).1, row(&mut on_b).1), (1, 2), "each node's own series");
     assert_eq!(apply_errors(&mut on_a) + apply_errors(&mut on_b), 0, "no apply error on either node");
     for db in [&mut on_a, &mut on_b] {
         let spaces: i64 = db.query_one("SELECT count(*) FROM pgticket.id_space", &[]).unwrap().get(0);
