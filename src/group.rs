@@ -147,6 +147,30 @@ fn nodes_table() -> Option<state_tables::Table> {
     state_tables::lookup().and_then(|t| t.nodes)
 }
 
+/// Written when a row naming this node's identity under another name
+/// arrives by replication: another server of the group is a copy of this
+/// one (a base backup made into a node keeps its system identifier), and
+/// the two would pass for one node (review of #47: both served the same
+/// gap-free scopes). Every group rule refuses while it is there; an
+/// administrator removes it once the copy is made anew.
+pub const CLASH_FILE: &str = "pg_ticket_node.clash";
+
+fn clash() -> Option<String> {
+    std::fs::read_to_string(CLASH_FILE).ok().map(|text| text.trim().to_string())
+}
+
+/// Called by `replicated` for such a row (in the apply worker).
+pub fn record_clash(other_name: &str) {
+    if clash().is_none() {
+        if let Err(e) = ticket_core::snowflake::write_atomically(std::path::Path::new(CLASH_FILE), &format!("{other_name}\n")) {
+            pgrx::warning!("pg_ticket: cannot record {CLASH_FILE}: {e}");
+        }
+    }
+    pgrx::warning!(
+        "pg_ticket: node {other_name:?} of this group has this server's system identifier (a copy of it, made from a base backup?): gap-free scopes, tickets and snowflakes are refused here until it is made anew and {CLASH_FILE} removed"
+    );
+}
+
 /// What this database knows of its group, read as the nodes table's owner
 /// (`with_subscriptions`: counted too, two catalog reads).
 fn view(table: state_tables::Table, with_subscriptions: bool) -> View {
@@ -155,7 +179,7 @@ fn view(table: state_tables::Table, with_subscriptions: bool) -> View {
         Spi::connect(|client| {
             let (mine, others): (Vec<Node>, Vec<Node>) = nodes(client)?.into_iter().partition(|n| n.id == me);
             let subscriptions = if with_subscriptions { subscriptions(client)? } else { 0 };
-            Ok::<_, pgrx::spi::Error>(View { mine: mine.into_iter().next(), others, subscriptions })
+            Ok::<_, pgrx::spi::Error>(View { mine: mine.into_iter().next(), others, subscriptions, clash: clash() })
         })
     })
     .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot read pgticket.nodes: {e}"))
@@ -269,6 +293,10 @@ fn refused(subject: &str, refusal: Refusal) -> TicketError {
             ),
             "Run SELECT pgticket.join_group(); in this database on every node of the group, and wait for the rows to replicate (docs/multi-primary.md).".into(),
         ),
+        Refusal::IdentityClash { other } => (
+            format!("node {other:?} of this group has this server's system identifier: a copy of it (made from a base backup?) passes for this node"),
+            format!("Make that node anew with its own identifier (initdb and a logical copy, or pg_createsubscriber), then remove {CLASH_FILE} from this server's data directory (docs/multi-primary.md)."),
+        ),
         Refusal::Conflict { node, why } => (
             format!("node {node:?} of this group conflicts: {why}"),
             "Set the nodes apart (docs/multi-primary.md, each allocator in a group), reload or restart, and SELECT pgticket.join_group() on each.".into(),
@@ -305,6 +333,11 @@ pub fn check_home(label: &str, home: Option<i64>) -> Result<AtHome, TicketError>
         };
     };
     if home == me {
+        // Not if a copy of this node is in the group: it passes for this
+        // node too.
+        if let Some(Err(refusal @ Refusal::IdentityClash { .. })) = leave().map(|l| l.of[slot(Use::NewScope)].clone()) {
+            return Err(refused(&format!("{label} has its home on this node"), refusal));
+        }
         return Ok(AtHome::Yes);
     }
     // A database alone (restored from a group member's dump: pgticket.nodes

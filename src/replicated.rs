@@ -74,6 +74,15 @@ fn by_replication<'a>(trigger: &'a pgrx::PgTrigger<'a>) -> Result<Option<PgHeapT
         // of this node, not news of it).
         let row = if event == pg_sys::TRIGGER_EVENT_INSERT { data.tg_trigtuple } else { data.tg_newtuple };
         let mine = event != pg_sys::TRIGGER_EVENT_DELETE && value(row, column(c"node")) == Some(crate::group::node_id());
+        if mine {
+            // This node's identity under another name: a copy of this node.
+            let name_n = column(c"name");
+            let mut null = true;
+            let datum = unsafe { pg_sys::heap_getattr(row, name_n, tupdesc, &mut null) };
+            if let Some(name) = unsafe { String::from_datum(datum, null) }.filter(|n| *n != crate::group::node_name()) {
+                crate::group::record_clash(&name);
+            }
+        }
         return Ok(if event == pg_sys::TRIGGER_EVENT_DELETE || mine { None } else { trigger.new() });
     }
     let tickets = table.to_bytes() == b"tickets";

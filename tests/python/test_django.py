@@ -142,3 +142,21 @@ def test_an_async_view_numbers_invoices_through_sync_to_async(django_db):
     numbers = asyncio.run(post_all())
     assert numbers == [1, 2, 3, 4, 5]
     assert sorted(Invoice.objects.filter(shop="async-17").values_list("number", flat=True)) == [1, 2, 3, 4, 5]
+
+
+def test_next_ticket_and_a_transaction_on_another_alias_are_named(django_db):
+    """#48 item 6: a next_ticket helper beside next_scoped_id; a call on the
+    default alias inside atomic(using=...) of another says which alias holds
+    the transaction."""
+    from django.db import transaction
+
+    from pg_ticket.django import next_scoped_id, next_ticket
+
+    outside = next_ticket("dj-tickets", "jobs")
+    with transaction.atomic():
+        inside = next_ticket("dj-tickets", "jobs")
+    assert inside > outside
+    with transaction.atomic(using="odd_schema"):
+        with pytest.raises(transaction.TransactionManagementError) as refused:
+            next_scoped_id("dj-alias", "x")
+    assert "using='odd_schema'" in str(refused.value), refused.value

@@ -140,3 +140,14 @@ def test_the_async_helpers_follow_the_async_sessions_transactions(engine, regist
     kept, block = asyncio.run(run())
     assert kept == list(range(1, len(kept) + 1)), "gap-free across rolled-back async transactions"
     assert block == (1, 10)
+
+
+def test_next_ticket_beside_next_scoped_id(engine):
+    """#48 item 6: tickets from a session or a connection, increasing."""
+    from pg_ticket.sqlalchemy import next_ticket
+
+    with Session(engine) as session:
+        first = next_ticket(session, "sa-tickets", "jobs")
+    with engine.connect() as connection:
+        second = next_ticket(connection, "sa-tickets", "jobs")
+    assert second > first

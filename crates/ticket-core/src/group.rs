@@ -36,6 +36,9 @@ pub struct View {
     pub mine: Option<Node>,
     pub others: Vec<Node>,
     pub subscriptions: i64,
+    /// The name of another server seen with this node's identity (a copy
+    /// of it made from a base backup), if one was.
+    pub clash: Option<String>,
 }
 
 /// What asks the group's leave.
@@ -57,6 +60,8 @@ pub enum Refusal {
     Conflict { node: String, why: String },
     /// This node is set not to create scopes.
     NotCreator { creator: Option<String> },
+    /// Another server of the group has this node's identity.
+    IdentityClash { other: String },
 }
 
 impl View {
@@ -66,6 +71,9 @@ impl View {
 
     /// May `me` (this node, as set now) do `what`?
     pub fn check(&self, me: &Node, what: Use) -> Result<(), Refusal> {
+        if let Some(other) = &self.clash {
+            return Err(Refusal::IdentityClash { other: other.clone() });
+        }
         if what == Use::NewScope && !me.creates_scopes {
             return Err(Refusal::NotCreator { creator: self.others.iter().find(|n| n.creates_scopes).map(|n| n.name.clone()) });
         }
@@ -159,22 +167,31 @@ mod tests {
     fn every_node_announces_itself_as_it_is_set_and_hears_of_every_publisher() {
         let me = node(1, 1, 1, true);
         let other = node(2, 2, 2, false);
-        let view = View { mine: None, others: vec![other.clone()], subscriptions: 1 };
+        let view = View { mine: None, others: vec![other.clone()], subscriptions: 1, clash: None };
         assert_eq!(view.check(&me, Use::Tickets), Err(Refusal::NotAnnounced));
         let stale = View { mine: Some(Node { ticket_offset: 2, ..me.clone() }), ..view.clone() };
         assert_eq!(stale.check(&me, Use::Tickets), Err(Refusal::NotAnnounced), "a row of other settings");
-        let unheard = View { mine: Some(me.clone()), others: vec![], subscriptions: 1 };
+        let unheard = View { mine: Some(me.clone()), others: vec![], subscriptions: 1, clash: None };
         assert_eq!(unheard.check(&me, Use::Snowflakes), Err(Refusal::OthersNotAnnounced { subscriptions: 1, known: 0 }));
-        let whole = View { mine: Some(me.clone()), others: vec![other], subscriptions: 1 };
+        let whole = View { mine: Some(me.clone()), others: vec![other], subscriptions: 1, clash: None };
         for what in [Use::Tickets, Use::Snowflakes, Use::NewScope] {
             assert_eq!(whole.check(&me, what), Ok(()), "{what:?}");
         }
     }
 
     #[test]
+    fn a_copy_of_this_node_in_the_group_stops_everything() {
+        let me = node(1, 1, 1, true);
+        let clash = View { mine: Some(me.clone()), others: vec![node(2, 2, 2, false)], subscriptions: 1, clash: Some("b".into()) };
+        for what in [Use::Tickets, Use::Snowflakes, Use::NewScope] {
+            assert_eq!(clash.check(&me, what), Err(Refusal::IdentityClash { other: "b".into() }), "{what:?}");
+        }
+    }
+
+    #[test]
     fn each_allocators_conflict_is_refused_naming_the_other_node() {
         let me = node(1, 1, 1, true);
-        let view = |other: Node| View { mine: Some(me.clone()), others: vec![other], subscriptions: 1 };
+        let view = |other: Node| View { mine: Some(me.clone()), others: vec![other], subscriptions: 1, clash: None };
         let refused = |v: View, what| matches!(v.check(&me, what), Err(Refusal::Conflict { node, .. }) if node == "n2");
         assert!(refused(view(node(2, 1, 2, false)), Use::Tickets), "the same offset");
         assert!(refused(view(Node { ticket_increment: 3, ..node(2, 2, 2, false) }), Use::Tickets), "another increment");
@@ -187,7 +204,7 @@ mod tests {
         assert_eq!(view(node(2, 1, 2, false)).check(&me, Use::Snowflakes), Ok(()));
         // Leased machine ids are the registry's to keep apart.
         let leased = Node { machine_id: None, ..me.clone() };
-        let v = View { mine: Some(leased.clone()), others: vec![Node { machine_id: None, ..node(2, 2, 2, false) }], subscriptions: 1 };
+        let v = View { mine: Some(leased.clone()), others: vec![Node { machine_id: None, ..node(2, 2, 2, false) }], subscriptions: 1, clash: None };
         assert_eq!(v.check(&leased, Use::Snowflakes), Ok(()));
     }
 }

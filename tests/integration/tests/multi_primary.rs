@@ -410,3 +410,41 @@ fn a_sequence_converts_to_tickets_or_snowflakes_while_inserts_run_and_back() {
     drop(db);
     c.stop();
 }
+
+/// Review of #47 (helper-7): a node made from another node's base backup
+/// keeps its system identifier, and the two passed for one node (both
+/// served the same gap-free scopes, 200 numbers twice). A row naming this
+/// node's identity under another name, arriving by replication, stops the
+/// group's allocators here until an administrator removes the record.
+#[test]
+fn a_copy_of_a_node_made_from_its_base_backup_is_refused_not_taken_for_it() {
+    let a = Cluster::start("mp-clone-a", 55658, &[node_conf(1, 1), vec!["pg_ticket.node_name = 'a'".into()]].concat().iter().map(String::as_str).collect::<Vec<_>>());
+    let mut on_a = a.fresh_db(DB);
+    on_a.batch_execute("CREATE TABLE items (id bigint PRIMARY KEY, node text NOT NULL); CREATE PUBLICATION everything FOR ALL TABLES").unwrap();
+    on_a.query_one("SELECT pgticket.join_group()", &[]).unwrap();
+    assert_eq!(scoped(&mut on_a, 3), 3);
+    on_a.batch_execute("CHECKPOINT").unwrap();
+    let b = a.standby(
+        "mp-clone-b",
+        55659,
+        &["pg_ticket.node_name = 'b'", "pg_ticket.machine_id = 2", "pg_ticket.ticket_offset = 2", "pg_ticket.creates_scopes = off"],
+    );
+    b.promote();
+    let mut on_b = Client::connect(&b.dsn_as("postgres", DB), postgres::NoTls).unwrap();
+    wait_until("the copy takes writes", Duration::from_secs(30), || {
+        !on_b.query_one("SELECT pg_is_in_recovery()", &[]).unwrap().get::<_, bool>(0)
+    });
+    subscribe(&mut on_a, "from_b", &b, "copy_data = false");
+    wait_for_sync(&mut on_a);
+    on_b.query_one("SELECT pgticket.join_group()", &[]).unwrap();
+    let clash = a.data_dir().join("pg_ticket_node.clash");
+    wait_until("a sees its own identity under another name", Duration::from_secs(30), || clash.exists());
+    let (code, message, hint) = refusal(on_a.query_one("SELECT next_scoped_id('shop', 'invoice')", &[]));
+    assert_eq!(code, "55000");
+    assert!(message.contains("has this server's system identifier") && hint.contains("pg_ticket_node.clash"), "{message} / {hint}");
+    let (_, message, _) = refusal(on_a.query_one("SELECT next_ticket('q', 'd')", &[]));
+    assert!(message.contains("system identifier"), "{message}");
+    drop((on_a, on_b));
+    b.stop();
+    a.stop();
+}

@@ -47,6 +47,11 @@ def _in_a_transaction(connection):
     return connection.in_atomic_block or not connection.get_autocommit()
 
 
+def _atomic_elsewhere(using):
+    """The aliases other than ``using`` with a transaction.atomic() open."""
+    return [alias for alias in connections if alias != using and connections[alias].in_atomic_block]
+
+
 def next_scoped_id(queue: str, domain: str, using: str = "default") -> int:
     """The next value of the scope (queue, domain): 1, 2, 3, ... with no gap.
 
@@ -56,9 +61,15 @@ def next_scoped_id(queue: str, domain: str, using: str = "default") -> int:
     """
     connection = connections[using]
     if not _in_a_transaction(connection):
+        elsewhere = _atomic_elsewhere(using)
+        where = (
+            f" (the transaction.atomic() open is on {', '.join(repr(a) for a in elsewhere)}: pass using={elsewhere[0]!r})"
+            if elsewhere
+            else ""
+        )
         raise transaction.TransactionManagementError(
-            "pg_ticket.django.next_scoped_id must run inside transaction.atomic(): "
-            "its number is gap-free only if it commits with the row that uses it"
+            f"pg_ticket.django.next_scoped_id(using={using!r}) must run inside transaction.atomic(using={using!r}): "
+            f"its number is gap-free only if it commits with the row that uses it{where}"
         )
     return _call(connection, "SELECT {schema}.next_scoped_id(%s, %s)", [queue, domain])[0]
 
@@ -79,3 +90,10 @@ def reserve_block(name: str, size: int, using: str = "default") -> Tuple[int, in
     with transaction.atomic(using=using):
         first_id, last_id = _call(connection, "SELECT first_id, last_id FROM {schema}.reserve_block(%s, %s)", [name, size])
     return first_id, last_id
+
+
+def next_ticket(queue: str, domain: str, using: str = "default") -> int:
+    """The next ticket of (queue, domain): unique and increasing on this
+    server, never reused, not transactional (a rolled-back caller leaves a
+    gap): any mode, inside ``atomic()`` or not."""
+    return _call(connections[using], "SELECT {schema}.next_ticket(%s, %s)", [queue, domain])[0]

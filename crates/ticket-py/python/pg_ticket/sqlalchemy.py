@@ -49,6 +49,13 @@ def next_scoped_id(session: Union[Session, Connection], queue: str, domain: str)
     return _call(connection, "SELECT {schema}.next_scoped_id(:queue, :domain)", {"queue": queue, "domain": domain}).scalar_one()
 
 
+def next_ticket(session: Union[Session, Connection], queue: str, domain: str) -> int:
+    """The next ticket of (queue, domain): unique and increasing on this
+    server, never reused, not transactional (any connection)."""
+    connection = session.connection() if isinstance(session, Session) else session
+    return _call(connection, "SELECT {schema}.next_ticket(:queue, :domain)", {"queue": queue, "domain": domain}).scalar_one()
+
+
 def reserve_block(engine: Engine, name: str, size: int) -> Tuple[int, int]:
     """(first_id, last_id): ``size`` IDs of the block counter ``name``, committed."""
     if not isinstance(engine, Engine):
@@ -67,6 +74,14 @@ async def next_scoped_id_async(session, queue: str, domain: str) -> int:
 
     connection = await session.connection() if isinstance(session, AsyncSession) else session
     return await connection.run_sync(next_scoped_id, queue, domain)
+
+
+async def next_ticket_async(session, queue: str, domain: str) -> int:
+    """``next_ticket`` for an ``AsyncSession`` or ``AsyncConnection``."""
+    from sqlalchemy.ext.asyncio import AsyncSession
+
+    connection = await session.connection() if isinstance(session, AsyncSession) else session
+    return await connection.run_sync(next_ticket, queue, domain)
 
 
 async def reserve_block_async(engine, name: str, size: int) -> Tuple[int, int]:
