@@ -298,6 +298,13 @@ impl Conn {
             ("connect_timeout", bound.as_secs().max(2).to_string()),
             ("tcp_user_timeout", bound.as_millis().to_string()),
             ("dbname", dsn.to_string()),
+            // After the string, so it overrides one there: the parameters
+            // are written into the statement as literals (`with_literals`),
+            // escaped for UTF-8 (Rust's strings); in a client encoding whose
+            // multibyte characters hold the byte of a backslash or a quote
+            // (SJIS, BIG5, GBK, GB18030, UHC) the escape could be read as
+            // part of a character and a literal end early.
+            ("client_encoding", "UTF8".to_string()),
         ];
         let keys: Vec<CString> = pairs.iter().map(|(k, _)| c_string("a keyword", k)).collect::<Result<_, _>>()?;
         let values: Vec<CString> = pairs.iter().map(|(_, v)| c_string("the connection string", v)).collect::<Result<_, _>>()?;
