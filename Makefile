@@ -1,5 +1,5 @@
 # pg_ticket: `make run` (demo), `make test` (every tier, on PostgreSQL 15, 16,
-# 17 and 18), `make bench`, `make package`, `make dist`, `make python-wheel`. `make setup` installs what the
+# 17 and 18), `make bench`, `make bench-inserts`, `make package`, `make dist`, `make python-wheel`. `make setup` installs what the
 # others need (run and test call it first); `make install` changes nothing
 # but the extension's files.
 #
@@ -21,7 +21,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo --sudo)
 PROFILE ?= debug
 PROFILE_FLAG := $(if $(filter release,$(PROFILE)),--release,)
 
-.PHONY: setup install run stop test test-version test-unit test-pgrx test-regress test-docs test-integration test-patroni test-python python-wheel test-package test-nemesis soak package dist bench
+.PHONY: setup install run stop test test-version test-unit test-pgrx test-regress test-docs test-integration test-patroni test-python python-wheel test-package test-nemesis soak package dist bench bench-inserts
 
 setup:
 	@scripts/setup.sh
@@ -116,6 +116,12 @@ test-package: package
 # The source distribution PGXN takes (META.json at its top), in target/dist/.
 dist:
 	scripts/dist.sh
+
+# IDs as primary keys under insert load, every kind side by side (#49):
+# PostgreSQL 18 (uuidv7() is core), release build; BENCH_ROWS, BENCH_CLIENTS.
+bench-inserts: setup
+	$(MAKE) install PROFILE=release PG_VERSION=18 PG_CONFIG=$$(scripts/pg-config.sh 18)
+	PG_CONFIG=$$(scripts/pg-config.sh 18) scripts/bench-inserts.sh
 
 bench: setup
 	$(MAKE) install PROFILE=release
