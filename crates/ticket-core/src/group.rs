@@ -87,6 +87,12 @@ impl View {
             return Err(Refusal::OthersNotAnnounced { subscriptions: self.subscriptions, known: self.others.len() });
         }
         let conflict = |node: &Node, why: String| Err(Refusal::Conflict { node: node.name.clone(), why });
+        // Names are how nodes are told apart in refusals and handovers
+        // (review of #47: Debian's cluster_name, "15/main", is every
+        // node's).
+        if let Some(other) = self.others.iter().find(|n| n.name == me.name) {
+            return conflict(other, "it has this node's name too (pg_ticket.node_name, else cluster_name): set a name of its own on each node of the group".into());
+        }
         for other in &self.others {
             match what {
                 Use::Tickets if other.ticket_increment != me.ticket_increment => {
@@ -177,6 +183,14 @@ mod tests {
         for what in [Use::Tickets, Use::Snowflakes, Use::NewScope] {
             assert_eq!(whole.check(&me, what), Ok(()), "{what:?}");
         }
+    }
+
+    #[test]
+    fn two_nodes_of_one_name_are_refused() {
+        let me = node(1, 1, 1, true);
+        let twin = Node { name: me.name.clone(), ..node(2, 2, 2, false) };
+        let view = View { mine: Some(me.clone()), others: vec![twin], subscriptions: 1, clash: None };
+        assert!(matches!(view.check(&me, Use::Tickets), Err(Refusal::Conflict { why, .. }) if why.contains("name")));
     }
 
     #[test]
