@@ -373,7 +373,7 @@ fn join_group() -> String {
     crate::errors::postgres_errors_as_raised(|| {
         crate::xact::check_writable().unwrap_or_else(|e| e.raise());
         let table = nodes_table().unwrap_or_else(|| pgrx::error!("pg_ticket: pgticket.nodes is missing; run ALTER EXTENSION pg_ticket UPDATE"));
-        state_tables::as_owner_of(table, || Spi::connect_mut(|client| announce(client)))
+        state_tables::as_owner_of(table, || Spi::connect_mut(announce))
             .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot write pgticket.nodes: {e}"));
         node_name()
     })
