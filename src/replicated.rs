@@ -38,8 +38,9 @@
 //! with no more `home_moves` than the row here keeps the home here (a
 //! former home's write arriving after the handover does not take it back).
 //!
-//! Touches: the row in hand only (no table access, no lock); merging into
-//! a row already here is `loads`'.
+//! Touches: the row in hand, and for a replicated ticket scope its row in
+//! `pgticket.tickets` (one upsert, as the table's owner); merging a
+//! replicated scope or block name into a row already here is `loads`'.
 
 use pgrx::pg_sys;
 use pgrx::{FromDatum, PgTupleDesc};
@@ -49,63 +50,58 @@ use std::ffi::CStr;
 #[pg_trigger(sql = false)]
 fn by_replication<'a>(trigger: &'a pgrx::PgTrigger<'a>) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, pgrx::PgTriggerError> {
     let data = trigger.trigger_data();
-    let table = unsafe { CStr::from_ptr((*(*data.tg_relation).rd_rel).relname.data.as_ptr()) };
+    let table = unsafe { CStr::from_ptr((*(*data.tg_relation).rd_rel).relname.data.as_ptr()) }.to_bytes();
     let event = data.tg_event & pg_sys::TRIGGER_EVENT_OPMASK;
+    let unchanged = || Ok(if event == pg_sys::TRIGGER_EVENT_DELETE { trigger.old() } else { trigger.new() });
     // Enabled REPLICA, it fires in replica mode only; should it be enabled
     // otherwise (state_tables refuses the tables then), a node's own writes
-    // pass untouched.
-    if unsafe { pg_sys::SessionReplicationRole } != pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32 {
-        return Ok(if event == pg_sys::TRIGGER_EVENT_DELETE { trigger.old() } else { trigger.new() });
-    }
-    // Our own statements (the merge below) pass.
-    if crate::state_tables::in_own_statement() {
-        return Ok(if event == pg_sys::TRIGGER_EVENT_DELETE { trigger.old() } else { trigger.new() });
+    // pass untouched, as do our own statements (the tickets' merge below).
+    if unsafe { pg_sys::SessionReplicationRole } != pg_sys::SESSION_REPLICATION_ROLE_REPLICA as i32
+        || crate::state_tables::in_own_statement()
+    {
+        return unchanged();
     }
     let tupdesc = unsafe { (*data.tg_relation).rd_att };
-    let column = |name: &CStr| unsafe { pg_sys::SPI_fnumber(tupdesc, name.as_ptr()) };
-    let value = |tuple: pg_sys::HeapTuple, n: i32| {
+    // A column's value in `tuple`, None if NULL or no such column.
+    let attr = |tuple: pg_sys::HeapTuple, name: &CStr| {
+        let n = unsafe { pg_sys::SPI_fnumber(tupdesc, name.as_ptr()) };
         let mut null = true;
         let datum = if n > 0 { unsafe { pg_sys::heap_getattr(tuple, n, tupdesc, &mut null) } } else { pg_sys::Datum::from(0) };
-        (!null).then(|| datum.value() as i64)
+        (!null).then_some(datum)
     };
-    if table.to_bytes() == b"nodes" {
+    let int = |tuple, name| attr(tuple, name).map(|d| d.value() as i64);
+    // `tuple` with these columns set.
+    let with = |tuple: pg_sys::HeapTuple, changes: &[(&CStr, pg_sys::Datum)]| {
+        let columns: Vec<i32> = changes.iter().map(|(name, _)| unsafe { pg_sys::SPI_fnumber(tupdesc, name.as_ptr()) }).collect();
+        let values: Vec<pg_sys::Datum> = changes.iter().map(|(_, value)| *value).collect();
+        let nulls = vec![false; changes.len()];
+        let tuple = unsafe {
+            pg_sys::heap_modify_tuple_by_cols(tuple, tupdesc, changes.len() as i32, columns.as_ptr() as *mut i32, values.as_ptr() as *mut _, nulls.as_ptr() as *mut bool)
+        };
+        Ok(Some(unsafe { PgHeapTuple::from_heap_tuple(PgTupleDesc::from_pg_unchecked(tupdesc), tuple) }))
+    };
+    if table == b"nodes" {
         // The group's nodes: every node's row but this node's own, which
         // only this node writes (a row naming it from elsewhere is a copy
         // of this node, not news of it).
-        let row = if event == pg_sys::TRIGGER_EVENT_INSERT { data.tg_trigtuple } else { data.tg_newtuple };
-        let mine = event != pg_sys::TRIGGER_EVENT_DELETE && value(row, column(c"node")) == Some(crate::group::node_id());
-        if mine {
-            // This node's identity under another name: a copy of this node.
-            let name_n = column(c"name");
-            let mut null = true;
-            let datum = unsafe { pg_sys::heap_getattr(row, name_n, tupdesc, &mut null) };
-            if let Some(name) = unsafe { String::from_datum(datum, null) }.filter(|n| *n != crate::group::node_name()) {
-                crate::group::record_clash(&name);
-            }
+        if event == pg_sys::TRIGGER_EVENT_DELETE {
+            return Ok(None);
         }
-        return Ok(if event == pg_sys::TRIGGER_EVENT_DELETE || mine { None } else { trigger.new() });
-    }
-    let tickets = table.to_bytes() == b"tickets";
-    let of_the_group = tickets || matches!(table.to_bytes(), b"scoped_counters" | b"blocks");
-    if !of_the_group || event == pg_sys::TRIGGER_EVENT_DELETE {
+        let row = if event == pg_sys::TRIGGER_EVENT_INSERT { data.tg_trigtuple } else { data.tg_newtuple };
+        if int(row, c"node") != Some(crate::group::node_id()) {
+            return Ok(trigger.new());
+        }
+        // This node's identity under another name: a copy of this node.
+        let name = attr(row, c"name").and_then(|d| unsafe { String::from_datum(d, false) });
+        if let Some(name) = name.filter(|n| *n != crate::group::node_name()) {
+            crate::group::record_clash(&name);
+        }
         return Ok(None);
     }
-    let (offset_n, increment_n) = (column(c"ticket_offset"), column(c"ticket_increment"));
-    let series = crate::settings::ticket_series();
-    let mark_n_of = |desc: pg_sys::TupleDesc| unsafe { pg_sys::SPI_fnumber(desc, c"mark".as_ptr()) };
-    // Names as the database's bytes (any encoding), as `loads` reads them.
-    let text = |tuple: pg_sys::HeapTuple, name: &CStr| {
-        let n = column(name);
-        let mut null = true;
-        let datum = if n > 0 { unsafe { pg_sys::heap_getattr(tuple, n, tupdesc, &mut null) } } else { pg_sys::Datum::from(0) };
-        unsafe { crate::names::Name::from_datum(datum, null) }
-    };
-    let in_my_series = |tuple: pg_sys::HeapTuple, offset: i64, increment: i64| {
-        let columns = [offset_n, increment_n];
-        let values = [pg_sys::Datum::from(offset as i32), pg_sys::Datum::from(increment as i32)];
-        let nulls = [false, false];
-        unsafe { pg_sys::heap_modify_tuple_by_cols(tuple, tupdesc, 2, columns.as_ptr() as *mut i32, values.as_ptr() as *mut _, nulls.as_ptr() as *mut bool) }
-    };
+    let tickets = table == b"tickets";
+    if !(tickets || table == b"scoped_counters" || table == b"blocks") || event == pg_sys::TRIGGER_EVENT_DELETE {
+        return Ok(None);
+    }
     if event == pg_sys::TRIGGER_EVENT_INSERT {
         if !tickets {
             return Ok(trigger.new());
@@ -115,69 +111,54 @@ fn by_replication<'a>(trigger: &'a pgrx::PgTrigger<'a>) -> Result<Option<PgHeapT
         // ticket scope, at the same moment too: merged by one upsert (which
         // waits for a row being inserted here, where a check and then the
         // apply's insert failed on the key), and the apply's row dropped.
-        let (Some(mark), Some(queue), Some(domain)) = (value(data.tg_trigtuple, mark_n_of(tupdesc)), text(data.tg_trigtuple, c"queue"), text(data.tg_trigtuple, c"domain")) else {
+        // Names as the database's bytes (any encoding), as `loads` reads them.
+        let new = data.tg_trigtuple;
+        let name = |column| attr(new, column).and_then(|d| unsafe { crate::names::Name::from_datum(d, false) });
+        let (Some(mark), Some(queue), Some(domain)) = (int(new, c"mark"), name(c"queue"), name(c"domain")) else {
             return Ok(trigger.new());
         };
-        let table = crate::state_tables::tickets();
-        crate::state_tables::as_owner_of(table, || {
+        let series = crate::settings::ticket_series();
+        crate::state_tables::as_owner_of(crate::state_tables::tickets(), || {
             Spi::connect_mut(|client| {
-                client.update(
-                    "INSERT INTO pgticket.tickets (queue, domain, mark, ticket_offset, ticket_increment) VALUES ($1, $2, $3, $4, $5) \
-                     ON CONFLICT (queue, domain) DO UPDATE SET mark = GREATEST(pgticket.tickets.mark, EXCLUDED.mark)",
-                    None,
-                    &[queue.to_datum(), domain.to_datum(), mark.into(), (series.offset as i32).into(), (series.increment as i32).into()],
-                )
-                .map(|_| ())
+                client
+                    .update(
+                        "INSERT INTO pgticket.tickets (queue, domain, mark, ticket_offset, ticket_increment) VALUES ($1, $2, $3, $4, $5) \
+                         ON CONFLICT (queue, domain) DO UPDATE SET mark = GREATEST(pgticket.tickets.mark, EXCLUDED.mark)",
+                        None,
+                        &[queue.to_datum(), domain.to_datum(), mark.into(), (series.offset as i32).into(), (series.increment as i32).into()],
+                    )
+                    .map(|_| ())
             })
         })
         .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot merge a replicated ticket scope: {e}"));
         return Ok(None);
     }
-    // An UPDATE: the higher of the two marks, within a limit that holds
-    // it; the home moves only by a later handover (more moves), never by
-    // an older write of a former home arriving late.
+    // An UPDATE: the higher of the two marks.
     let (old, new) = (data.tg_trigtuple, data.tg_newtuple);
-    let (mark_n, max_n, home_n, moves_n) = (column(c"mark"), column(c"max_mark"), column(c"home"), column(c"home_moves"));
-    if tickets {
-        // The higher mark, this node's own series kept.
-        let (Some(old_mark), Some(new_mark)) = (value(old, mark_n), value(new, mark_n)) else { return Ok(trigger.new()) };
-        let (Some(offset), Some(increment)) = (value(old, offset_n), value(old, increment_n)) else { return Ok(trigger.new()) };
-        let row = in_my_series(new, offset as i32 as i64, increment as i32 as i64);
-        let columns = [mark_n];
-        let values = [pg_sys::Datum::from(old_mark.max(new_mark))];
-        let nulls = [false];
-        let merged = unsafe { pg_sys::heap_modify_tuple_by_cols(row, tupdesc, 1, columns.as_ptr() as *mut i32, values.as_ptr() as *mut _, nulls.as_ptr() as *mut bool) };
-        return Ok(Some(unsafe { PgHeapTuple::from_heap_tuple(PgTupleDesc::from_pg_unchecked(tupdesc), merged) }));
-    }
-    let (Some(old_mark), Some(new_mark), Some(new_max)) = (value(old, mark_n), value(new, mark_n), value(new, max_n)) else {
+    let (Some(old_mark), Some(new_mark)) = (int(old, c"mark"), int(new, c"mark")) else {
         // A NULL is the apply's to fail on (NOT NULL).
         return Ok(trigger.new());
     };
     let mark = old_mark.max(new_mark);
-    let (old_home, old_moves) = (value(old, home_n), value(old, moves_n).unwrap_or(0));
-    let new_moves = value(new, moves_n).unwrap_or(0);
-    let keep_old_home = home_n > 0 && old_home.is_some() && new_moves <= old_moves;
+    if tickets {
+        // This node's own series kept.
+        let (Some(offset), Some(increment)) = (attr(old, c"ticket_offset"), attr(old, c"ticket_increment")) else { return Ok(trigger.new()) };
+        return with(new, &[(c"mark", pg_sys::Datum::from(mark)), (c"ticket_offset", offset), (c"ticket_increment", increment)]);
+    }
+    // Within a limit that holds it; the home moves only by a later handover
+    // (more moves), never by an older write of a former home arriving late.
+    let Some(new_max) = int(new, c"max_mark") else { return Ok(trigger.new()) };
+    let (old_home, old_moves) = (attr(old, c"home"), attr(old, c"home_moves"));
+    let moves = |home_moves: Option<pg_sys::Datum>| home_moves.map_or(0, |d| d.value() as i64);
+    let keep_old_home = old_home.is_some() && moves(attr(new, c"home_moves")) <= moves(old_moves);
     if mark == new_mark && !keep_old_home {
         return Ok(trigger.new());
     }
-    let mut columns = vec![mark_n, max_n];
-    let mut values = vec![pg_sys::Datum::from(mark), pg_sys::Datum::from(new_max.max(mark))];
-    if keep_old_home {
-        columns.extend([home_n, moves_n]);
-        values.extend([pg_sys::Datum::from(old_home.unwrap_or_default()), pg_sys::Datum::from(old_moves)]);
+    let mut changes = vec![(c"mark", pg_sys::Datum::from(mark)), (c"max_mark", pg_sys::Datum::from(new_max.max(mark)))];
+    if let (true, Some(home), Some(home_moves)) = (keep_old_home, old_home, old_moves) {
+        changes.extend([(c"home", home), (c"home_moves", home_moves)]);
     }
-    let nulls = vec![false; columns.len()];
-    let merged = unsafe {
-        pg_sys::heap_modify_tuple_by_cols(
-            new,
-            tupdesc,
-            columns.len() as i32,
-            columns.as_ptr() as *mut i32,
-            values.as_ptr() as *mut _,
-            nulls.as_ptr() as *mut bool,
-        )
-    };
-    Ok(Some(unsafe { PgHeapTuple::from_heap_tuple(PgTupleDesc::from_pg_unchecked(tupdesc), merged) }))
+    with(new, &changes)
 }
 
 extension_sql!(

@@ -41,6 +41,11 @@ fn table(kind: Kind) -> (&'static str, &'static [&'static str]) {
     }
 }
 
+/// `keys` matched against parameters $1, $2, ...
+fn key_cond(keys: &[&str]) -> String {
+    keys.iter().enumerate().map(|(i, col)| format!("{col} OPERATOR(pg_catalog.=) ${}", i + 1)).collect::<Vec<_>>().join(" AND ")
+}
+
 fn prepare(client: &SpiClient<'_>, kind: Kind, tables: Tables) -> Statements {
     let (table, keys) = table(kind);
     // 0.1.0's tables have no limit column: their limit is 2^63-1.
@@ -48,12 +53,7 @@ fn prepare(client: &SpiClient<'_>, kind: Kind, tables: Tables) -> Statements {
     // 0.5.0's home (a group's rule, SPEC §19.3): returned with the mark; a
     // new row's is this node's. Before the update there is none.
     let home = if tables.has_home { "home" } else { "NULL::pg_catalog.int8" };
-    let key_cond = keys
-        .iter()
-        .enumerate()
-        .map(|(i, col)| format!("{col} OPERATOR(pg_catalog.=) ${}", i + 1))
-        .collect::<Vec<_>>()
-        .join(" AND ");
+    let key_cond = key_cond(keys);
     let n = keys.len() + 1;
     let mut types = vec![PgOid::from(pg_sys::TEXTOID); keys.len()];
     types.push(PgOid::from(pg_sys::INT8OID));
@@ -175,7 +175,7 @@ pub fn lock_and_take(kind: Kind, a: Name<'_>, b: Name<'_>, n: i64) -> Locked {
                 crate::group::AtHome::Yes => {}
                 crate::group::AtHome::Claim => {
                     let (table, keys) = table(kind);
-                    let key_cond = keys.iter().enumerate().map(|(i, col)| format!("{col} OPERATOR(pg_catalog.=) ${}", i + 1)).collect::<Vec<_>>().join(" AND ");
+                    let key_cond = key_cond(keys);
                     client
                         .update(
                             &format!("UPDATE {table} SET home = ${} WHERE {key_cond} AND home IS NULL", keys.len() + 1),
@@ -254,8 +254,7 @@ pub fn write(kind: Kind, a: Name<'_>, b: Name<'_>, row: Mark) {
 /// False if there is no row (the load inserts it).
 pub fn merge_loaded(kind: Kind, a: Name<'_>, b: Name<'_>, mark: i64) -> bool {
     let (table, keys) = table(kind);
-    let key_cond = keys.iter().enumerate().map(|(i, col)| format!("{col} OPERATOR(pg_catalog.=) ${}", i + 1)).collect::<Vec<_>>().join(" AND ");
-    let sql = format!("UPDATE {table} SET mark = GREATEST(mark, ${}) WHERE {key_cond} RETURNING mark", keys.len() + 1);
+    let sql = format!("UPDATE {table} SET mark = GREATEST(mark, ${}) WHERE {} RETURNING mark", keys.len() + 1, key_cond(keys));
     let tables = state_tables::current();
     as_owner_of(kind.table(&tables), || {
         Spi::connect_mut(|client| client.update(sql.as_str(), Some(1), &args(a, b, kind, &[mark])).map(|rows| !rows.is_empty()))

@@ -41,11 +41,6 @@ pub const LEDGER_FILE: &str = "pg_ticket_leases.ledger";
 /// administrator; the replay goes on with the lines that parse).
 pub const DAMAGED_FILE: &str = "pg_ticket_leases.ledger.damaged";
 
-enum ReadError {
-    Damaged(String),
-    Io(String),
-}
-
 /// The file's text; bytes that are not UTF-8 become U+FFFD, so a line
 /// holding them reads as damaged, not the whole file as unreadable (review:
 /// a replay stopped on it, and the server did not start).
@@ -64,23 +59,13 @@ fn read_text() -> Result<String, String> {
     }
 }
 
-fn read_checked() -> Result<Ledger, ReadError> {
-    let text = read_text().map_err(ReadError::Io)?;
-    Ledger::parse(&text).map_err(ReadError::Damaged)
-}
-
 fn read() -> Result<Ledger, TicketError> {
-    read_checked().map_err(|e| match e {
-        ReadError::Damaged(why) => TicketError::DamagedLedger { why },
-        ReadError::Io(why) => TicketError::BadConfiguration(why),
-    })
+    let text = read_text().map_err(TicketError::BadConfiguration)?;
+    Ledger::parse(&text).map_err(|why| TicketError::DamagedLedger { why })
 }
 
 fn apply_to_file(line: &Line) -> Result<(), String> {
-    let mut ledger = match read_checked() {
-        Ok(ledger) => ledger,
-        Err(ReadError::Damaged(why) | ReadError::Io(why)) => return Err(why),
-    };
+    let mut ledger = read().map_err(|e| e.to_string())?;
     if ledger.apply(line) {
         write(&ledger)?;
     }

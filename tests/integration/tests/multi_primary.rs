@@ -64,6 +64,31 @@ fn apply_errors(db: &mut Client) -> i64 {
         .get(0)
 }
 
+/// Both nodes at once: 20 rounds of 10 tickets and 10 snowflakes each into
+/// `items` (400 rows a node), each row naming its node.
+fn fill_from_both(a: &Cluster, b: &Cluster) {
+    let load = |cluster: &Cluster, node: &'static str| {
+        let dsn = cluster.dsn_as("postgres", DB);
+        std::thread::spawn(move || {
+            let mut db = Client::connect(&dsn, postgres::NoTls).unwrap();
+            for _ in 0..20 {
+                db.batch_execute(&format!(
+                    "INSERT INTO items SELECT next_ticket('orders', 'eu'), '{node}' FROM generate_series(1, 10);
+                     INSERT INTO items SELECT snowflake_id(), '{node}' FROM generate_series(1, 10)"
+                ))
+                .unwrap();
+            }
+        })
+    };
+    let (la, lb) = (load(a, "a"), load(b, "b"));
+    la.join().unwrap();
+    lb.join().unwrap();
+}
+
+fn items(db: &mut Client) -> i64 {
+    db.query_one("SELECT count(*) FROM items", &[]).unwrap().get(0)
+}
+
 fn scoped(db: &mut Client, n: i64) -> i64 {
     db.query_one("SELECT max(next_scoped_id('shop', 'invoice')) FROM generate_series(1, $1::bigint)", &[&n]).unwrap().get(0)
 }
@@ -179,24 +204,8 @@ fn a_subscriber_keeps_its_higher_marks_and_another_nodes_rows_disable_nothing() 
 fn two_primaries_replicating_both_ways_allocate_at_once_without_an_apply_error() {
     let Some((a, b, mut on_a, mut on_b)) = pair("mp-both", 55652) else { return };
     join_both(&mut on_a, &mut on_b);
-    let load = |cluster: &Cluster, node: &'static str| {
-        let dsn = cluster.dsn_as("postgres", DB);
-        std::thread::spawn(move || {
-            let mut db = Client::connect(&dsn, postgres::NoTls).unwrap();
-            for _ in 0..20 {
-                db.batch_execute(&format!(
-                    "INSERT INTO items SELECT next_ticket('orders', 'eu'), '{node}' FROM generate_series(1, 10);
-                     INSERT INTO items SELECT snowflake_id(), '{node}' FROM generate_series(1, 10)"
-                ))
-                .unwrap();
-            }
-        })
-    };
-    let (la, lb) = (load(&a, "a"), load(&b, "b"));
-    la.join().unwrap();
-    lb.join().unwrap();
-    let count = |db: &mut Client| -> i64 { db.query_one("SELECT count(*) FROM items", &[]).unwrap().get(0) };
-    wait_until("both nodes hold every row", Duration::from_secs(60), || count(&mut on_a) == 800 && count(&mut on_b) == 800);
+    fill_from_both(&a, &b);
+    wait_until("both nodes hold every row", Duration::from_secs(60), || items(&mut on_a) == 800 && items(&mut on_b) == 800);
     let odd_even: i64 = on_a
         .query_one("SELECT count(*) FROM items WHERE id < 1000000 AND (id % 2 = 1) <> (node = 'a')", &[])
         .unwrap()
@@ -322,8 +331,7 @@ fn a_gap_free_scope_has_one_home_in_a_group_and_moves_by_a_handover() {
         assert_eq!(got, n);
         on_b.execute("INSERT INTO items VALUES ($1, 'b')", &[&got]).unwrap();
     }
-    let count = |db: &mut Client| -> i64 { db.query_one("SELECT count(*) FROM items", &[]).unwrap().get(0) };
-    wait_until("both nodes hold every number", Duration::from_secs(30), || count(&mut on_a) == 20 && count(&mut on_b) == 20);
+    wait_until("both nodes hold every number", Duration::from_secs(30), || items(&mut on_a) == 20 && items(&mut on_b) == 20);
     assert_eq!(apply_errors(&mut on_a) + apply_errors(&mut on_b), 0, "no apply error on either node");
     // A former home's late write does not take the home back: a's row says b.
     let home: String = on_a
@@ -533,10 +541,9 @@ fn three_primaries_in_a_full_mesh_under_load_with_lag_a_restart_and_a_node_added
     assert!(rounds > 10, "the load ran: {rounds} rounds");
     // A third node, added with its initial copy (writes paused meanwhile:
     // rows still on their way between a and b are not in a's copy).
-    let count = |db: &mut Client| -> i64 { db.query_one("SELECT count(*) FROM items", &[]).unwrap().get(0) };
     // Converging means no apply stopped on a key twice; the restart's lost
     // connections were counted as apply errors, so the count starts anew.
-    wait_until("a and b converge", Duration::from_secs(60), || count(&mut dbs[0]) == count(&mut dbs[1]));
+    wait_until("a and b converge", Duration::from_secs(60), || items(&mut dbs[0]) == items(&mut dbs[1]));
     for db in dbs.iter_mut() {
         db.batch_execute("SELECT pg_stat_reset_subscription_stats(NULL)").unwrap();
     }
@@ -563,7 +570,7 @@ fn three_primaries_in_a_full_mesh_under_load_with_lag_a_restart_and_a_node_added
         t.join().unwrap();
     }
     wait_until("all three converge", Duration::from_secs(60), || {
-        let counts: Vec<i64> = dbs.iter_mut().map(|db| count(db)).collect();
+        let counts: Vec<i64> = dbs.iter_mut().map(items).collect();
         counts.iter().all(|n| *n == counts[0])
     });
     for db in dbs.iter_mut() {
@@ -643,26 +650,10 @@ fn two_primaries_on_pglogical_allocate_at_once_and_converge() {
     let (code, message, _) = refusal(on_a.query_one("SELECT next_ticket('orders', 'eu')", &[]));
     assert_eq!(code, "55000", "{message}");
     join_both(&mut on_a, &mut on_b);
-    let load = |cluster: &Cluster, node: &'static str| {
-        let dsn = cluster.dsn_as("postgres", DB);
-        std::thread::spawn(move || {
-            let mut db = Client::connect(&dsn, postgres::NoTls).unwrap();
-            for _ in 0..20 {
-                db.batch_execute(&format!(
-                    "INSERT INTO items SELECT next_ticket('orders', 'eu'), '{node}' FROM generate_series(1, 10);
-                     INSERT INTO items SELECT snowflake_id(), '{node}' FROM generate_series(1, 10)"
-                ))
-                .unwrap();
-            }
-        })
-    };
-    let (la, lb) = (load(&a, "a"), load(&b, "b"));
-    la.join().unwrap();
-    lb.join().unwrap();
+    fill_from_both(&a, &b);
     let inv: i64 = next(&mut on_a, "inv").unwrap().get(0);
     on_a.execute("INSERT INTO items VALUES (-$1::bigint, 'a')", &[&inv]).unwrap();
-    let count = |db: &mut Client| -> i64 { db.query_one("SELECT count(*) FROM items", &[]).unwrap().get(0) };
-    wait_until("both nodes hold every row", Duration::from_secs(60), || count(&mut on_a) == 801 && count(&mut on_b) == 801);
+    wait_until("both nodes hold every row", Duration::from_secs(60), || items(&mut on_a) == 801 && items(&mut on_b) == 801);
     let (_, message, _) = refusal(next(&mut on_b, "inv"));
     assert!(message.contains("home on node \"a\""), "{message}");
     for db in [&mut on_a, &mut on_b] {
