@@ -702,7 +702,6 @@ pub fn next_id(
 /// machine_bits=B`); one of another space than `space` is refused on load.
 /// A file of 0.2.0 (`N` alone) is of the epoch configured (0.2.0 recorded
 /// none) and of 0.2.0's one layout.
-
 pub struct FileMarkStore<'a> {
     pub path: &'a std::path::Path,
     pub space: IdSpace,

@@ -58,6 +58,10 @@ pub enum Fault {
     /// The standby stops, the primary's waiters are cancelled and
     /// terminated, the primary dies, the standby comes back and is promoted.
     StandbyAwayThenFailover,
+    /// The registry's primary killed, its asynchronous standby (a fixed
+    /// machine id the primary may have leased out, #46 item 6(b)) promoted,
+    /// the proxy pointed at it, a new standby made.
+    RegistryFailover,
     /// A failover whose promoted server is killed at once, before the
     /// checkpoint that ends its recovery (`pg_ctl promote` asks for a
     /// spread one), and started again: crash recovery replays what it
@@ -110,6 +114,7 @@ impl Fault {
             Fault::Failover => "failover",
             Fault::StandbyAwayThenFailover => "standby_away_then_failover",
             Fault::FailoverThenCrash => "failover_then_crash",
+            Fault::RegistryFailover => "registry_failover",
             Fault::RegistryBackup => "registry_backup",
             Fault::RegistryRestoreBackup => "registry_restore_backup",
             Fault::RegistryDump => "registry_dump",
@@ -125,7 +130,7 @@ impl Fault {
     }
 }
 
-pub const KINDS: [&str; 28] = [
+pub const KINDS: [&str; 29] = [
     "kill_server",
     "kill_postmaster",
     "immediate_restart",
@@ -143,6 +148,7 @@ pub const KINDS: [&str; 28] = [
     "failover",
     "standby_away_then_failover",
     "failover_then_crash",
+    "registry_failover",
     "registry_backup",
     "registry_restore_backup",
     "registry_dump",
@@ -185,6 +191,7 @@ fn draw(kind: usize, rng: &mut StdRng) -> Fault {
         "failover" => Fault::Failover,
         "standby_away_then_failover" => Fault::StandbyAwayThenFailover,
         "failover_then_crash" => Fault::FailoverThenCrash,
+        "registry_failover" => Fault::RegistryFailover,
         "registry_backup" => Fault::RegistryBackup,
         "registry_restore_backup" => Fault::RegistryRestoreBackup,
         "registry_dump" => Fault::RegistryDump,
@@ -210,10 +217,11 @@ fn draw(kind: usize, rng: &mut StdRng) -> Fault {
 
 /// Kinds that cost seconds of the fleet's time (a base backup, a
 /// promotion, a restore): once per round; the quick ones up to three times.
-const SLOW: [&str; 12] = [
+const SLOW: [&str; 13] = [
     "failover",
     "standby_away_then_failover",
     "failover_then_crash",
+    "registry_failover",
     "registry_backup",
     "registry_restore_backup",
     "registry_dump",
@@ -297,7 +305,7 @@ impl World<'_> {
     /// Run `f` on the server `target` names now.
     fn on<R>(&self, target: Target, f: impl FnOnce(&Server) -> R) -> Option<R> {
         match target {
-            Target::Registry => Some(f(&self.fleet.registry)),
+            Target::Registry => Some(f(&self.fleet.registry.lock().unwrap().primary)),
             Target::P2 => Some(f(&self.fleet.p2)),
             Target::P1 => Some(f(&self.fleet.p1.lock().unwrap().primary)),
             Target::Standby => self.fleet.p1.lock().unwrap().standby.as_ref().map(f),
@@ -402,9 +410,10 @@ impl World<'_> {
                 h.fault(kind, format!("{n} connections"));
             }
             Fault::StandbyAway(ms) => self.standby_away(*ms),
-            Fault::Failover => self.failover(false, false),
-            Fault::StandbyAwayThenFailover => self.failover(true, false),
-            Fault::FailoverThenCrash => self.failover(false, true),
+            Fault::Failover => self.failover("p1", false, false),
+            Fault::StandbyAwayThenFailover => self.failover("p1", true, false),
+            Fault::FailoverThenCrash => self.failover("p1", false, true),
+            Fault::RegistryFailover => self.failover("r", false, false),
             Fault::RegistryBackup => self.registry_backup(),
             Fault::RegistryRestoreBackup => self.registry_restore_backup(),
             Fault::RegistryDump => self.registry_dump(),
@@ -570,7 +579,9 @@ impl World<'_> {
     }
 
     fn registry_own_id(&self, ms: u64) {
-        let r = &self.fleet.registry;
+        let pair = self.fleet.registry.lock().unwrap();
+        let r = &pair.primary;
+        let own = pair.slot_of(r).machine_id.expect("a registry slot's fixed id");
         let leased: Option<i32> = r
             .connect(REGISTRY_DB)
             .and_then(|mut c| c.query_opt(&format!("SELECT machine_id FROM {} WHERE state = 'held' ORDER BY expires_at DESC LIMIT 1", dialect::name("pgticket.machine_ids")), &[]))
@@ -588,7 +599,7 @@ impl World<'_> {
         };
         set_machine_id(id);
         sleep_ms(ms);
-        set_machine_id(999);
+        set_machine_id(own);
     }
 
     fn state_write_fails(&mut self, target: Target, file: &str, ms: u64) {
@@ -640,13 +651,17 @@ impl World<'_> {
         self.restart(standby);
     }
 
-    fn failover(&self, standby_away_first: bool, crash_after: bool) {
-        let mut pair = self.fleet.p1.lock().unwrap();
+    /// Lineage `lineage`'s (p1's or the registry's, "r") primary dies and
+    /// its standby is promoted.
+    fn failover(&self, lineage: &str, standby_away_first: bool, crash_after: bool) {
+        let registry = lineage == "r";
+        let mut pair = if registry { self.fleet.registry.lock().unwrap() } else { self.fleet.p1.lock().unwrap() };
         let Some(standby) = pair.standby.take() else { return };
-        let kind = match (standby_away_first, crash_after) {
-            (true, _) => "standby_away_then_failover",
-            (false, true) => "failover_then_crash",
-            (false, false) => "failover",
+        let kind = match (registry, standby_away_first, crash_after) {
+            (true, ..) => "registry_failover",
+            (false, true, _) => "standby_away_then_failover",
+            (false, false, true) => "failover_then_crash",
+            (false, false, false) => "failover",
         };
         self.history.fault(kind, format!("{} dies, {} is promoted", pair.primary.name, standby.name));
         if standby_away_first {
@@ -678,7 +693,12 @@ impl World<'_> {
         if let Err(e) = standby.wait_ready(true) {
             self.history.fault("error", e);
         }
-        self.history.record(crate::history::Event::Promoted { t: self.history.now(), lineage: "p1".into() });
+        if registry {
+            // Where the holders' lease connections go now.
+            let cut = self.proxy.retarget(standby.socket());
+            self.history.fault(kind, format!("the proxy points at {} ({cut} connections cut)", standby.name));
+        }
+        self.history.record(crate::history::Event::Promoted { t: self.history.now(), lineage: lineage.into() });
         if crash_after {
             // Clients reach it meanwhile; then it dies before its
             // end-of-recovery checkpoint could have finished.
@@ -692,7 +712,7 @@ impl World<'_> {
         }
         let old = std::mem::replace(&mut pair.primary, standby);
         drop(old);
-        self.fleet.rebuild_standby(&mut pair);
+        pair.rebuild_standby();
         self.history.fault("standby_rebuilt", pair.standby.as_ref().unwrap().name.clone());
     }
 
@@ -703,7 +723,8 @@ impl World<'_> {
     fn registry_backup(&self) {
         let dir = self.backup_dir();
         owned_dir(&dir);
-        let r = &self.fleet.registry;
+        let pair = self.fleet.registry.lock().unwrap();
+        let r = &pair.primary;
         let out = std::process::Command::new("runuser")
             .args(["-u", "postgres", "--"])
             .arg(pg_ticket_integration::pg_bindir().join("pg_basebackup"))
@@ -718,13 +739,16 @@ impl World<'_> {
         if !dir.exists() {
             return self.registry_backup();
         }
-        let r = &self.fleet.registry;
+        let mut pair = self.fleet.registry.lock().unwrap();
+        let r = &pair.primary;
         self.history.fault("registry_restore_backup", "the registry's data directory replaced by its base backup");
         r.signal_all(libc::SIGKILL);
         sleep_ms(300);
         let _ = std::fs::remove_dir_all(r.data());
         let ok = std::process::Command::new("cp").arg("-a").arg(&dir).arg(r.data()).status().is_ok_and(|s| s.success());
         assert!(ok, "copy the registry's backup");
+        // The backup may be of the other slot's server (before a failover).
+        pair.slot_of(r).configure(r);
         self.restart(r);
         // The operator's steps: a vouch for its snowflakes past the latest
         // it made, the listing it should have, shard 3 accepted again if it
@@ -746,6 +770,9 @@ impl World<'_> {
                 .map_err(|e| format!("accept_shard(3, {point}): {}", why(&e)))
         });
         self.history.fault("registry_restore_backup", format!("the operator's steps: {}", outcome_of(steps)));
+        // Its standby is ahead of the restored server: made anew.
+        pair.rebuild_standby();
+        self.history.fault("standby_rebuilt", pair.standby.as_ref().unwrap().name.clone());
     }
 
     fn dump_file(&self) -> std::path::PathBuf {
@@ -753,7 +780,8 @@ impl World<'_> {
     }
 
     fn registry_dump(&self) {
-        let r = &self.fleet.registry;
+        let pair = self.fleet.registry.lock().unwrap();
+        let r = &pair.primary;
         let file = self.dump_file();
         let out = std::process::Command::new(pg_ticket_integration::pg_bindir().join("pg_dump"))
             .args(["-Fc", "-f", file.to_str().unwrap(), "-h", r.dir.to_str().unwrap(), "-p", &r.port.to_string(), "-U", "postgres", REGISTRY_DB])
@@ -772,7 +800,8 @@ impl World<'_> {
         if std::fs::metadata(&file).map_or(true, |m| m.len() == 0) {
             return self.registry_dump();
         }
-        let r = &self.fleet.registry;
+        let pair = self.fleet.registry.lock().unwrap();
+        let r = &pair.primary;
         self.history.fault("registry_restore_dump", "the registry database dropped and restored from its dump");
         let restored = r.connect("postgres").and_then(|mut c| {
             c.batch_execute(&format!("DROP DATABASE IF EXISTS {REGISTRY_DB} WITH (FORCE)"))?;
@@ -851,9 +880,11 @@ impl World<'_> {
                 let _ = s.up();
             }
         });
-        let mut pair: std::sync::MutexGuard<'_, Pair> = self.fleet.p1.lock().unwrap();
-        if pair.standby.is_none() {
-            self.fleet.rebuild_standby(&mut pair);
+        for pair in [&self.fleet.registry, &self.fleet.p1] {
+            let mut pair: std::sync::MutexGuard<'_, Pair> = pair.lock().unwrap();
+            if pair.standby.is_none() {
+                pair.rebuild_standby();
+            }
         }
     }
 }

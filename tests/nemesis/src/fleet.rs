@@ -1,8 +1,10 @@
-//! The fleet on loopback (SPEC §14): a registry; lineage `p1`, a primary
-//! that leases its machine id from the registry (through the proxy) with a
-//! synchronous standby, the two swapping slots at each promotion; lineage
-//! `p2`, a primary with a fixed machine id and the even ticket series (p1
-//! has the odd). Every server runs under libfaketime reading its clock's
+//! The fleet on loopback (SPEC §14): a registry with an asynchronous
+//! standby of its own fixed machine id, one the registry may lease out
+//! (#46 item 6(b)), the two swapping slots at each registry failover;
+//! lineage `p1`, a primary that leases its machine id from the registry
+//! (through the proxy) with a synchronous standby, swapping slots the same
+//! way; lineage `p2`, a primary with a fixed machine id and the even
+//! ticket series (p1 has the odd). Every server runs under libfaketime reading its clock's
 //! offset from a file of its own, so the nemesis steps running clocks.
 
 use pg_ticket_integration::{owned_dir, pg_tool, repo_root};
@@ -16,7 +18,7 @@ pub const REGISTRY_DB: &str = "registry";
 pub const WORK_DB: &str = "postgres";
 
 /// Which fleet of this machine (`nemesis run --fleet N`): fleet 0 lives in
-/// /tmp/pgt-nem-* on ports 55530-55533, fleet N in /tmp/pgt-nemN-* ten
+/// /tmp/pgt-nem-* on ports 55530-55534, fleet N in /tmp/pgt-nemN-* ten
 /// ports up per N, so that two runs (say, one against another release)
 /// share a machine.
 static FLEET: std::sync::atomic::AtomicU16 = std::sync::atomic::AtomicU16::new(0);
@@ -231,9 +233,14 @@ impl Server {
         }
     }
 
-    /// A hot standby of `primary` in this server's directory (made anew).
-    fn standby_of(name: &str, port: u16, clock: &Path, primary: &Server) -> Server {
-        let server = Server::new(name, port, clock);
+    /// The Unix socket it listens on.
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join(format!(".s.PGSQL.{}", self.port))
+    }
+
+    /// A hot standby of `primary` in `slot`'s directory (made anew).
+    fn standby_of(slot: Slot, clock: &Path, primary: &Server) -> Server {
+        let server = Server::new(slot.name, slot.port, clock);
         server.signal_all(libc::SIGKILL);
         owned_dir(&server.dir);
         pg_tool(
@@ -242,9 +249,28 @@ impl Server {
             // (minutes), and the fleet waits for it.
             &["-D", server.data().to_str().unwrap(), "-R", "-X", "stream", "-c", "fast", "-h", primary.dir.to_str().unwrap(), "-p", &primary.port.to_string(), "-U", "postgres"],
         );
-        append_conf(&server.data(), &[format!("port = {}", server.port), format!("unix_socket_directories = '{}'", server.dir.display())]);
+        slot.configure(&server);
         server.up().unwrap_or_else(|e| panic!("{e}"));
         server
+    }
+}
+
+/// One of the two places a pair's servers live in: its name, port, and
+/// fixed machine id (none: whatever the copied configuration says).
+#[derive(Clone, Copy)]
+pub struct Slot {
+    pub name: &'static str,
+    pub port: u16,
+    pub machine_id: Option<i32>,
+}
+
+impl Slot {
+    /// Its own lines appended to a copied configuration (a base backup's,
+    /// a standby's): they come last, so they win.
+    pub fn configure(&self, server: &Server) {
+        let mut lines = vec![format!("port = {}", server.port), format!("unix_socket_directories = '{}'", server.dir.display())];
+        lines.extend(self.machine_id.map(|id| format!("pg_ticket.machine_id = {id}")));
+        append_conf(&server.data(), &lines);
     }
 }
 
@@ -259,24 +285,65 @@ fn append_conf(data: &Path, lines: &[String]) {
     }
 }
 
-/// The primary and standby of lineage p1; they swap at each promotion.
+/// A primary and its standby (lineage p1, the registry); they swap slots
+/// at each promotion.
 pub struct Pair {
     pub primary: Server,
     pub standby: Option<Server>,
+    slots: [Slot; 2],
+    /// Commits on the primary wait for the standby (p1's do, the
+    /// registry's do not: an asynchronous standby loses grants at a
+    /// failover, #46 item 6(c)).
+    synchronous: bool,
+}
+
+impl Pair {
+    /// The slot the primary is not in.
+    fn other_slot(&self) -> Slot {
+        *self.slots.iter().find(|s| s.name != self.primary.name).unwrap()
+    }
+
+    pub fn slot_of(&self, server: &Server) -> Slot {
+        *self.slots.iter().find(|s| s.name == server.name).unwrap()
+    }
+
+    /// A new standby for the primary, in the other slot.
+    pub fn rebuild_standby(&mut self) {
+        self.standby = Some(Server::standby_of(self.other_slot(), &self.primary.clock, &self.primary));
+        if self.synchronous {
+            if let Err(e) = make_synchronous(&self.primary) {
+                eprintln!("nemesis: synchronous_standby_names on {}: {e}", self.primary.name);
+            }
+        }
+    }
+
+    /// Database `db` through whichever of the two is the primary now.
+    pub fn dsn(&self, db: &str) -> String {
+        let [a, b] = self.slots;
+        format!(
+            "host={},{} port={},{} user=postgres dbname={db} target_session_attrs=read-write connect_timeout=5",
+            server_dir(a.name).display(),
+            server_dir(b.name).display(),
+            port(a.port),
+            port(b.port)
+        )
+    }
 }
 
 pub struct Fleet {
-    pub registry: Server,
+    pub registry: Mutex<Pair>,
     pub p1: Mutex<Pair>,
     pub p2: Server,
     pub work: PathBuf,
-    /// For `Pair` slots: (name, port) of the two.
-    slots: [(&'static str, u16); 2],
 }
 
 pub const REGISTRY_PORT: u16 = 55530;
 pub const P2_PORT: u16 = 55533;
-const SLOTS: [(&str, u16); 2] = [("a", 55531), ("b", 55532)];
+/// The registry's slots: "r" has a fixed id outside `lease_ids`, "r2" one
+/// inside (docs/leases.md advises against it; the lease ledger makes it
+/// safe, and the nemesis checks that it does).
+const REGISTRY_SLOTS: [Slot; 2] = [Slot { name: "r", port: REGISTRY_PORT, machine_id: Some(999) }, Slot { name: "r2", port: 55534, machine_id: Some(8) }];
+const P1_SLOTS: [Slot; 2] = [Slot { name: "a", port: 55531, machine_id: None }, Slot { name: "b", port: 55532, machine_id: None }];
 
 /// (offset, increment) of each lineage's tickets.
 pub const SERIES: [(&str, (i64, i64)); 2] = [("p1", (1, 2)), ("p2", (2, 2))];
@@ -290,8 +357,8 @@ impl Fleet {
         };
         let common = ["max_connections = 100".to_string(), "pg_ticket.ticket_wait_timeout = '5s'".into()];
         let registry = Server::create(
-            "r",
-            REGISTRY_PORT,
+            REGISTRY_SLOTS[0].name,
+            REGISTRY_SLOTS[0].port,
             &clock("r"),
             &[
                 common.to_vec(),
@@ -308,11 +375,12 @@ impl Fleet {
         admin.batch_execute(&format!("CREATE DATABASE {REGISTRY_DB}")).unwrap();
         create_extension(&registry, REGISTRY_DB).expect("the registry's extension");
         let registry_dsn = registry_via_proxy(&registry);
-        let (name, port) = SLOTS[0];
+        let mut registry = Pair { primary: registry, standby: None, slots: REGISTRY_SLOTS, synchronous: false };
+        registry.rebuild_standby();
         let p1_clock = clock("p1");
         let primary = Server::create(
-            name,
-            port,
+            P1_SLOTS[0].name,
+            P1_SLOTS[0].port,
             &p1_clock,
             &[
                 common.to_vec(),
@@ -328,9 +396,8 @@ impl Fleet {
             .concat(),
         );
         create_extension(&primary, WORK_DB).expect("p1's extension");
-        let (name, port) = SLOTS[1];
-        let standby = Server::standby_of(name, port, &p1_clock, &primary);
-        make_synchronous(&primary).expect("synchronous standby");
+        let mut p1 = Pair { primary, standby: None, slots: P1_SLOTS, synchronous: true };
+        p1.rebuild_standby();
         let p2 = Server::create(
             "p2",
             P2_PORT,
@@ -350,37 +417,17 @@ impl Fleet {
         p2.connect(WORK_DB)
             .and_then(|mut c| c.batch_execute(&format!("SELECT {}(s, 0) FROM generate_series(0, 3) s", crate::dialect::name("pgticket.accept_shard"))))
             .expect("p2 accepts its shards");
-        Fleet { registry, p1: Mutex::new(Pair { primary, standby: Some(standby) }), p2, work: work.to_path_buf(), slots: SLOTS }
-    }
-
-    /// Lineage p1 through whichever of its servers is the primary now.
-    pub fn p1_dsn(&self) -> String {
-        let [(a, pa), (b, pb)] = self.slots;
-        format!(
-            "host={},{} port={},{} user=postgres dbname={WORK_DB} target_session_attrs=read-write connect_timeout=5",
-            server_dir(a).display(),
-            server_dir(b).display(),
-            port(pa),
-            port(pb)
-        )
-    }
-
-    /// A new standby for `pair`'s primary, in the other slot.
-    pub fn rebuild_standby(&self, pair: &mut Pair) {
-        let (name, port) = *self.slots.iter().find(|(n, _)| *n != pair.primary.name).unwrap();
-        pair.standby = Some(Server::standby_of(name, port, &pair.primary.clock, &pair.primary));
-        if let Err(e) = make_synchronous(&pair.primary) {
-            eprintln!("nemesis: synchronous_standby_names on {}: {e}", pair.primary.name);
-        }
+        Fleet { registry: Mutex::new(registry), p1: Mutex::new(p1), p2, work: work.to_path_buf() }
     }
 
     pub fn all_servers(&self, f: &mut dyn FnMut(&Server)) {
-        f(&self.registry);
         f(&self.p2);
-        let pair = self.p1.lock().unwrap_or_else(|p| p.into_inner());
-        f(&pair.primary);
-        if let Some(s) = &pair.standby {
-            f(s);
+        for pair in [&self.registry, &self.p1] {
+            let pair = pair.lock().unwrap_or_else(|p| p.into_inner());
+            f(&pair.primary);
+            if let Some(s) = &pair.standby {
+                f(s);
+            }
         }
     }
 

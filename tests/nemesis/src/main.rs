@@ -84,7 +84,7 @@ fn run(args: &Args) -> i32 {
     std::fs::write(args.work.join("seed"), format!("{}\n{}\n", args.seed, args.seconds)).unwrap();
 
     // The proxy is bound before the fleet exists (the primary's
-    // configuration names it) and points at the registry's socket.
+    // configuration names it) and points at the registry's first socket.
     let registry_socket = fleet::server_dir("r").join(format!(".s.PGSQL.{}", fleet::port(fleet::REGISTRY_PORT)));
     let proxy = proxy::Proxy::start(registry_socket);
     let registry_dsn = format!("host=127.0.0.1 port={} user=postgres dbname={} connect_timeout=5", proxy.port, fleet::REGISTRY_DB);
@@ -92,10 +92,11 @@ fn run(args: &Args) -> i32 {
     let lineage = |name, dsn, kinds| {
         Arc::new(workload::Lineage { name, dsn, life: AtomicU32::new(0), gate: RwLock::new(()), pause: AtomicBool::new(false), received: AtomicU64::new(0), kinds })
     };
-    let p1 = lineage("p1", fleet.p1_dsn(), workload::EVERY_KIND);
+    let p1_dsn = fleet.p1.lock().unwrap().dsn(fleet::WORK_DB);
+    let p1 = lineage("p1", p1_dsn.clone(), workload::EVERY_KIND);
     let p2 = lineage("p2", fleet.p2.dsn(fleet::WORK_DB), workload::EVERY_KIND);
-    let r = lineage("r", fleet.registry.dsn(fleet::REGISTRY_DB), workload::REGISTRY_KINDS);
-    let clients = clients::Clients::start(&args.client_bin, &args.work, &registry_dsn, &fleet.p1_dsn());
+    let r = lineage("r", fleet.registry.lock().unwrap().dsn(fleet::REGISTRY_DB), workload::REGISTRY_KINDS);
+    let clients = clients::Clients::start(&args.client_bin, &args.work, &registry_dsn, &p1_dsn);
     let stop = Arc::new(AtomicBool::new(false));
     let threads = workload::spawn(&[p1.clone(), p2.clone(), r.clone()], &history, &stop, args.seed);
 
@@ -128,10 +129,9 @@ fn run(args: &Args) -> i32 {
     // Heal, let the clients see the healed fleet for a moment, stop them.
     history.fault("heal", "every process continued, clocks right, the proxy passing, every server up");
     world.heal();
-    for server in [&fleet.registry, &fleet.p2] {
-        if let Err(e) = server.wait_ready(true) {
-            history.fault("error", e);
-        }
+    let ready = [fleet.registry.lock().unwrap().primary.wait_ready(true), fleet.p2.wait_ready(true)];
+    for e in ready.into_iter().filter_map(Result::err) {
+        history.fault("error", e);
     }
     std::thread::sleep(Duration::from_secs(5));
     stop.store(true, Ordering::SeqCst);

@@ -2,6 +2,8 @@
 //! leases (the self-leasing primary's lease worker, the client processes)
 //! reaches the registry through it, so the nemesis can delay replies, drop
 //! them (a connection that stays open and silent) and cut connections.
+//! At a registry failover it is pointed at the promoted server's socket,
+//! as a virtual IP or a DNS name would be.
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, TcpListener, TcpStream};
@@ -21,17 +23,25 @@ pub struct Proxy {
     mode: Arc<AtomicU8>,
     delay_ms: Arc<AtomicU64>,
     open: Arc<Mutex<HashMap<u64, (TcpStream, UnixStream)>>>,
+    target: Arc<Mutex<PathBuf>>,
 }
 
 impl Proxy {
     pub fn start(socket: PathBuf) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
         let port = listener.local_addr().unwrap().port();
-        let proxy = Proxy { port, mode: Arc::new(AtomicU8::new(PASS)), delay_ms: Arc::new(AtomicU64::new(0)), open: Arc::default() };
-        let (mode, delay, open) = (proxy.mode.clone(), proxy.delay_ms.clone(), proxy.open.clone());
+        let proxy = Proxy {
+            port,
+            mode: Arc::new(AtomicU8::new(PASS)),
+            delay_ms: Arc::new(AtomicU64::new(0)),
+            open: Arc::default(),
+            target: Arc::new(Mutex::new(socket)),
+        };
+        let (mode, delay, open, target) = (proxy.mode.clone(), proxy.delay_ms.clone(), proxy.open.clone(), proxy.target.clone());
         std::thread::spawn(move || {
             for (id, client) in listener.incoming().flatten().enumerate() {
                 let id = id as u64;
+                let socket = target.lock().unwrap().clone();
                 let Ok(server) = UnixStream::connect(&socket) else {
                     let _ = client.shutdown(Shutdown::Both);
                     continue;
@@ -51,6 +61,12 @@ impl Proxy {
             }
         });
         proxy
+    }
+
+    /// New connections go to `socket`; those open now are cut.
+    pub fn retarget(&self, socket: PathBuf) -> usize {
+        *self.target.lock().unwrap() = socket;
+        self.cut()
     }
 
     pub fn pass(&self) {
