@@ -32,7 +32,8 @@ def django_db(registry, odd_schema_db):
                     "PORT": str(registry.port),
                 },
             },
-            INSTALLED_APPS=["djapp"],
+            # contrib.auth's migrated tables are #47's conversion test.
+            INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "djapp"],
             ROOT_URLCONF="djapp.views",
             ALLOWED_HOSTS=["testserver"],
             MIDDLEWARE=[],
@@ -160,3 +161,55 @@ def test_next_ticket_and_a_transaction_on_another_alias_are_named(django_db):
         with pytest.raises(transaction.TransactionManagementError) as refused:
             next_scoped_id("dj-alias", "x")
     assert "using='odd_schema'" in str(refused.value), refused.value
+
+
+def test_a_django_projects_migrated_tables_convert_to_tickets_and_back(django_db):
+    """#47 item 3: contrib.auth's and contenttypes' tables as `migrate` made
+    them (identity columns, rows the post-migrate signal inserted) converted
+    with pgticket.convert_sequence: the ORM's inserts (RETURNING, many-to-many
+    rows, foreign keys) go on, every new key above the old ones; an integer
+    key refused as a snowflake; reverted, the identity hands out above the
+    tickets."""
+    from django.contrib.auth.models import Group, Permission, User
+    from django.contrib.contenttypes.models import ContentType
+    from django.core.management import call_command
+    from django.db import connection
+
+    call_command("migrate", verbosity=0)
+    User.objects.create_user("before", password="x")
+    tables = ["auth_user", "auth_group", "auth_permission", "django_content_type", "auth_user_groups", "auth_group_permissions"]
+    with connection.cursor() as cursor:
+        top = {}
+        for table in tables:
+            cursor.execute(f"SELECT coalesce(max(id), 0) FROM {table}")
+            top[table] = cursor.fetchone()[0]
+        cursor.execute("SELECT attidentity FROM pg_attribute WHERE attrelid = 'auth_user'::regclass AND attname = 'id'")
+        assert cursor.fetchone()[0] == "d", "Django made an identity column"
+        with pytest.raises(Exception) as refused:
+            cursor.execute("SELECT pgticket.convert_sequence('auth_user', 'id', 'snowflake')")
+        assert getattr(refused.value.__cause__, "sqlstate", None) == "42804", refused.value
+        for table in tables:
+            cursor.execute("SELECT pgticket.convert_sequence(%s, 'id')", [table])
+            assert cursor.fetchone()[0] >= top[table]
+    assert top["auth_permission"] > 0 and top["django_content_type"] > 0, top
+
+    users = [User.objects.create_user(f"after-{n}", password="x") for n in range(20)]
+    group = Group.objects.create(name="staff")
+    kind = ContentType.objects.create(app_label="shop", model="receipt")
+    permission = Permission.objects.create(name="Can print", codename="print_receipt", content_type=kind)
+    group.permissions.add(permission)
+    for user in users:
+        user.groups.add(group)
+    keys = [u.pk for u in users]
+    assert all(k > top["auth_user"] for k in keys) and len(set(keys)) == 20, keys
+    assert keys == [User.objects.get(username=f"after-{n}").pk for n in range(20)], "RETURNING gave the row's key"
+    assert group.pk > top["auth_group"] and kind.pk > top["django_content_type"] and permission.pk > top["auth_permission"]
+    assert User.objects.filter(groups=group, groups__permissions=permission).count() == 20
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT min(id) FROM auth_user_groups")
+        assert cursor.fetchone()[0] > top["auth_user_groups"]
+        cursor.execute("SELECT pgticket.revert_conversion('auth_user', 'id')")
+        cursor.execute("SELECT attidentity FROM pg_attribute WHERE attrelid = 'auth_user'::regclass AND attname = 'id'")
+        assert cursor.fetchone()[0] == "d", "the identity is back"
+    again = User.objects.create_user("reverted", password="x")
+    assert again.pk > max(keys)
