@@ -9,6 +9,7 @@ pub mod epoch;
 pub mod leases;
 pub mod ledger;
 pub mod local_marks;
+pub mod public_id;
 pub mod rights;
 pub mod sharded;
 pub mod snowflake;

@@ -426,7 +426,7 @@ mod tests {
         assert_eq!(m.undo.len() as u32, n - 2, "one entry per open level");
         for sub in (3..n).rev() {
             m.commit_sub(sub, sub - 1);
-            assert!(m.undo.len() as u32 <= sub - 1);
+            assert!((m.undo.len() as u32) < sub);
         }
         m.commit_sub(2, TOP_LEVEL);
         assert_eq!(m.undo.len(), 0);
