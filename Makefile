@@ -21,7 +21,7 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo --sudo)
 PROFILE ?= debug
 PROFILE_FLAG := $(if $(filter release,$(PROFILE)),--release,)
 
-.PHONY: setup install run stop test test-version test-unit test-pgrx test-regress test-docs test-integration test-patroni test-python python-wheel test-package test-nemesis soak package dist bench bench-inserts
+.PHONY: setup install run stop test test-version test-unit test-pgrx test-regress test-docs test-integration test-patroni test-python python-wheel test-package test-nemesis soak package dist bench bench-inserts bench-group
 
 setup:
 	@scripts/setup.sh
@@ -122,6 +122,12 @@ dist:
 bench-inserts: setup
 	$(MAKE) install PROFILE=release PG_VERSION=18 PG_CONFIG=$$(scripts/pg-config.sh 18)
 	PG_CONFIG=$$(scripts/pg-config.sh 18) scripts/bench-inserts.sh
+
+# What a group of two primaries costs against one server alone (#47 item 7,
+# #49 item 4): PostgreSQL 18 (origin = none needs 16+), release build.
+bench-group: setup
+	$(MAKE) install PROFILE=release PG_VERSION=$(or $(BENCH_PG),18) PG_CONFIG=$$(scripts/pg-config.sh $(or $(BENCH_PG),18))
+	PG_CONFIG=$$(scripts/pg-config.sh $(or $(BENCH_PG),18)) scripts/bench-group.sh
 
 bench: setup
 	$(MAKE) install PROFILE=release

@@ -204,16 +204,27 @@ impl NumeralString for Digits {
     }
 }
 
+/// `to_be_bytes`'s answer without an allocation: b is at most 16 here.
+pub struct BeBytes {
+    bytes: [u8; 16],
+    from: usize,
+}
+
+impl AsRef<[u8]> for BeBytes {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes[self.from..]
+    }
+}
+
 impl Operations for Digits {
-    type Bytes = Vec<u8>;
+    type Bytes = BeBytes;
 
     fn numeral_count(&self) -> usize {
         self.count
     }
 
-    fn to_be_bytes(&self, _radix: u32, b: usize) -> Vec<u8> {
-        let bytes = self.value.to_be_bytes();
-        bytes[bytes.len() - b..].to_vec()
+    fn to_be_bytes(&self, _radix: u32, b: usize) -> BeBytes {
+        BeBytes { bytes: self.value.to_be_bytes(), from: 16 - b }
     }
 
     fn add_mod_exp(self, other: impl Iterator<Item = u8>, _radix: u32, m: usize) -> Digits {
