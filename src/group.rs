@@ -100,15 +100,31 @@ fn subscriptions(client: &pgrx::spi::SpiClient<'_>) -> Result<i64, pgrx::spi::Er
         .first()
         .get_one()?
         .unwrap_or(0);
-    let pglogical_table: bool = client
-        .select("SELECT pg_catalog.to_regclass('pglogical.subscription') IS NOT NULL", None, &[])?
-        .first()
-        .get_one()?
-        .unwrap_or(false);
-    let pglogical: i64 = if pglogical_table {
-        client.select("SELECT pg_catalog.count(*) FROM pglogical.subscription", None, &[])?.first().get_one()?.unwrap_or(0)
-    } else {
-        0
+    // pglogical's table, found as a member of the pglogical extension, not
+    // by name: this runs as the state tables' owner, and a schema called
+    // pglogical with a view called subscription is anyone's to make who may
+    // CREATE in the database (review of #47: the view ran the caller's code
+    // as a superuser, SPEC §20.1). Only an extension's script, or its owner,
+    // makes a member; a member table runs no code when read.
+    let members = client
+        .select(
+            "SELECT pg_catalog.format('%I.%I', n.nspname, c.relname) FROM pg_catalog.pg_extension e \
+               JOIN pg_catalog.pg_depend d ON d.refobjid OPERATOR(pg_catalog.=) e.oid \
+                AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_extension'::pg_catalog.regclass \
+                AND d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass \
+                AND d.deptype OPERATOR(pg_catalog.=) 'e'::pg_catalog.\"char\" \
+               JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) d.objid \
+                AND c.relname OPERATOR(pg_catalog.=) 'subscription'::pg_catalog.name \
+                AND c.relkind OPERATOR(pg_catalog.=) 'r'::pg_catalog.\"char\" \
+               JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace \
+              WHERE e.extname OPERATOR(pg_catalog.=) 'pglogical'::pg_catalog.name",
+            None,
+            &[],
+        )?;
+    let pglogical_table: Option<String> = if members.is_empty() { None } else { members.first().get_one()? };
+    let pglogical: i64 = match pglogical_table {
+        Some(table) => client.select(&format!("SELECT pg_catalog.count(*) FROM {table}"), None, &[])?.first().get_one()?.unwrap_or(0),
+        None => 0,
     };
     Ok(native + pglogical)
 }

@@ -357,3 +357,34 @@ fn nothing_the_extension_creates_binds_a_database_owners_operators() {
         assert_eq!(bound, Vec::<String>::new(), "{db}: bound outside pg_catalog and the extension");
     }
 }
+
+/// #47's review: the group's look at pglogical's subscriptions ran as the
+/// state tables' owner and read `pglogical.subscription` by name, so a role
+/// that may CREATE in the database made a schema `pglogical` with a view of
+/// that name calling its code, and the first allocation ran it as the
+/// superuser (0.5.0 before the fix: mallory became a superuser). Only the
+/// pglogical extension's own table counts now.
+#[test]
+fn a_schema_named_pglogical_with_a_view_runs_nothing_as_the_owner() {
+    let c = cluster();
+    let mut admin = trapped_db(c, "fake_pglogical");
+    let mut m = c.connect_as("mallory", "fake_pglogical");
+    m.batch_execute(
+        "SET search_path = pg_catalog;
+         CREATE SCHEMA pglogical;
+         CREATE FUNCTION pglogical.boom() RETURNS SETOF integer LANGUAGE plpgsql AS $$
+         BEGIN PERFORM mallory.evil('pglogical.subscription'); RETURN NEXT 1; RETURN NEXT 2; END $$;
+         CREATE VIEW pglogical.subscription AS SELECT * FROM pglogical.boom();
+         SELECT count(*) FROM pglogical.subscription",
+    )
+    .unwrap();
+    let fired: i64 = admin.query_one("SELECT count(*) FROM mallory.ran WHERE who = 'mallory'", &[]).unwrap().get(0);
+    assert!(fired > 0, "the view's trap fires when mallory reads it");
+    admin.batch_execute("TRUNCATE mallory.ran").unwrap();
+    m.batch_execute("SET search_path = public, pg_catalog; SELECT snowflake_id(); SELECT next_ticket('pq', 'pd'); SELECT next_scoped_id('pq', 'pd')").unwrap();
+    assert_eq!(ran_as_others(&mut admin), Vec::<(String, String)>::new(), "the fake pglogical table ran as another role");
+    assert!(!is_superuser(&mut admin), "mallory became a superuser");
+    // Its two fake rows are no subscriptions either: the allocators served.
+    let n: i64 = m.query_one("SELECT next_scoped_id('pq', 'pd')", &[]).unwrap().get(0);
+    assert_eq!(n, 2);
+}

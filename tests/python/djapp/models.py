@@ -9,7 +9,6 @@ class Invoice(models.Model):
     number = models.BigIntegerField(editable=False)
 
     class Meta:
-        app_label = "djapp"
         constraints = [models.UniqueConstraint(fields=["shop", "number"], name="one_number_per_shop")]
 
     def save(self, *args, **kwargs):
