@@ -10,8 +10,9 @@
 //! node it subscribes to must have announced itself (a node not heard of
 //! may be handing out the same values), and then:
 //! - tickets: every node the same increment, each its own offset;
-//! - snowflakes with a fixed machine id: every node its own id, and one
-//!   epoch and machine-bit layout for all;
+//! - snowflakes: every node its own fixed machine id, or every node
+//!   leasing (from one registry: not checked here), never the two mixed;
+//!   one epoch and machine-bit layout for all;
 //! - new gap-free scopes and block names: created on one node only.
 
 /// A node as its row in the group's table says (or, for this node, as its
@@ -122,6 +123,18 @@ impl View {
                         ),
                     );
                 }
+                // A registry keeps apart the ids it leases, not the fixed
+                // ones of servers it never heard of (review of #47: a fixed
+                // id 1 beside a node leasing from '1': 304 822 IDs twice).
+                Use::Snowflakes if me.machine_id.is_some() != other.machine_id.is_some() => {
+                    let (fixed, leased) = if me.machine_id.is_some() { ("this node", "it") } else { ("it", "this node") };
+                    return conflict(
+                        other,
+                        format!(
+                            "{fixed} stamps with a fixed pg_ticket.machine_id and {leased} leases one (pg_ticket.machine_id = -1): a registry does not keep its leases apart from fixed ids; in a group every node has its own fixed id, or every node leases from one registry"
+                        ),
+                    );
+                }
                 Use::Snowflakes if me.machine_id.is_some() && other.machine_id == me.machine_id => {
                     return conflict(
                         other,
@@ -220,5 +233,12 @@ mod tests {
         let leased = Node { machine_id: None, ..me.clone() };
         let v = View { mine: Some(leased.clone()), others: vec![Node { machine_id: None, ..node(2, 2, 2, false) }], subscriptions: 1, clash: None };
         assert_eq!(v.check(&leased, Use::Snowflakes), Ok(()));
+        // A fixed id beside a leasing node is refused on both (the registry
+        // may lease that very id), tickets untouched.
+        let mixed = View { mine: Some(me.clone()), others: vec![Node { machine_id: None, ..node(2, 2, 2, false) }], subscriptions: 1, clash: None };
+        assert!(refused(mixed.clone(), Use::Snowflakes), "fixed beside leased");
+        assert_eq!(mixed.check(&me, Use::Tickets), Ok(()));
+        let v = View { mine: Some(leased.clone()), others: vec![node(2, 2, 2, false)], subscriptions: 1, clash: None };
+        assert!(v.check(&leased, Use::Snowflakes).is_err(), "leased beside fixed");
     }
 }
