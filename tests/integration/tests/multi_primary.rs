@@ -42,13 +42,25 @@ fn subscribe(subscriber: &mut Client, name: &str, publisher: &Cluster, options: 
         .unwrap();
 }
 
-/// Every table of the subscription copied and streaming.
+/// Every table of the subscription copied and streaming; on a timeout, the
+/// tables still on their way and their states.
 fn wait_for_sync(db: &mut Client) {
-    wait_until("the subscription's tables are in sync", Duration::from_secs(60), || {
-        db.query_one("SELECT count(*) FILTER (WHERE srsubstate <> 'r'), count(*) FROM pg_subscription_rel", &[])
-            .map(|r| r.get::<_, i64>(0) == 0 && r.get::<_, i64>(1) > 0)
-            .unwrap()
-    });
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let r = db
+            .query_one(
+                "SELECT count(*), coalesce(string_agg(s.subname || ':' || srrelid::regclass || '=' || srsubstate::text, ', ') FILTER (WHERE srsubstate <> 'r'), '')
+                   FROM pg_subscription_rel JOIN pg_subscription s ON s.oid = srsubid",
+                &[],
+            )
+            .unwrap();
+        let (all, waiting): (i64, String) = (r.get(0), r.get(1));
+        if all > 0 && waiting.is_empty() {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting until the subscriptions' tables are in sync: {all} tables, not ready: {waiting}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 /// Until a row written on the publisher after everything else is here.
@@ -551,11 +563,17 @@ fn three_primaries_in_a_full_mesh_under_load_with_lag_a_restart_and_a_node_added
     let mut on_c = c.fresh_db(DB);
     on_c.batch_execute("CREATE TABLE items (id bigint PRIMARY KEY, node text NOT NULL); CREATE PUBLICATION everything FOR ALL TABLES").unwrap();
     // (A subscription's name is its slot's on the publisher: one per pair.)
+    // c's initial copy ends before a and b subscribe to c: each table's
+    // copy makes a slot on a, which waits for a's transactions with an xid
+    // to end, and a CREATE SUBSCRIPTION on a holds one while it makes its
+    // slot on c, which waits for c's (the copies'), so on a loaded machine
+    // each table can wait for the next xl_running_xacts (CI once: c's
+    // tables not in sync after 60 s).
     subscribe(&mut on_c, "c_from_b", &b, "copy_data = false, origin = none");
     subscribe(&mut on_c, "c_from_a", &a, "copy_data = true, origin = none");
+    wait_for_sync(&mut on_c);
     subscribe(&mut dbs[0], "a_from_c", &c, "copy_data = false, origin = none");
     subscribe(&mut dbs[1], "b_from_c", &c, "copy_data = false, origin = none");
-    wait_for_sync(&mut on_c);
     on_c.query_one("SELECT pgticket.join_group()", &[]).unwrap();
     dbs.push(on_c);
     for db in dbs.iter_mut() {
