@@ -39,14 +39,17 @@ def django_db(registry, odd_schema_db):
             MIDDLEWARE=[],
             DEFAULT_AUTO_FIELD="django.db.models.BigAutoField",
             USE_TZ=True,
+            # djapp/ids.py leases its machine id here.
+            PG_TICKET_REGISTRY=registry.dsn,
         )
         django.setup()
     from django.db import connection
 
-    from djapp.models import Invoice
+    from djapp.models import Event, Invoice, Shipment
 
     with connection.schema_editor() as editor:
-        editor.create_model(Invoice)
+        for model in [Invoice, Shipment, Event]:
+            editor.create_model(model)
     yield
     connection.close()
 
@@ -213,3 +216,53 @@ def test_a_django_projects_migrated_tables_convert_to_tickets_and_back(django_db
         assert cursor.fetchone()[0] == "d", "the identity is back"
     again = User.objects.create_user("reverted", password="x")
     assert again.pk > max(keys)
+
+
+def test_snowflake_keys_made_in_the_process_and_by_the_database(django_db):
+    """#48 (helper-9): the two snowflake keys docs/python.md shows. One
+    generator per process, made at first use: a forked child leases a
+    machine id of its own instead of stamping the parent's (the inherited
+    one raises Forked); a key set by db_default is read back on save(), and
+    bulk_create() stores it."""
+    import os
+
+    import pg_ticket
+    from djapp import ids
+    from djapp.models import Event, Shipment
+
+    made = [Shipment.objects.create(carrier="dhl").id for _ in range(50)]
+    assert made == sorted(made) and len(set(made)) == 50
+    assert sorted(Shipment.objects.values_list("id", flat=True)) == made
+    parent_machine = pg_ticket.decode(made[0], ids._generator.machine_bits, ids._generator.epoch_ms)[1]
+    inherited = ids._generator
+    read, write = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            try:
+                inherited.next_id()
+                forked = "no"
+            except pg_ticket.Forked:
+                forked = "yes"
+            os.write(write, f"{forked} {ids.next_id()} {ids._generator.machine_id}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    with os.fdopen(read) as answer:
+        forked, child_id, child_machine = answer.read().split()
+    assert forked == "yes", "the parent's generator refuses in the child"
+    assert int(child_machine) != parent_machine, "the child leased its own machine id"
+    assert int(child_id) not in made
+
+    one = Event.objects.create(kind="signup")
+    assert isinstance(one.id, int) and one.id > made[0]
+    # bulk_create() stores db_default keys but (Django 5.2) does not read a
+    # primary key's back onto the objects, as docs/python.md says; keys
+    # made in the process are on them before the insert.
+    Event.objects.bulk_create([Event(kind="click") for _ in range(20)])
+    assert Event.objects.values("id").distinct().count() == Event.objects.count() == 21
+    batch = Shipment.objects.bulk_create([Shipment(carrier="ups") for _ in range(20)])
+    keys = [s.id for s in batch]
+    assert all(isinstance(k, int) for k in keys) and len(set(keys)) == 20
+    assert set(Shipment.objects.filter(carrier="ups").values_list("id", flat=True)) == set(keys)

@@ -57,6 +57,9 @@ def test_bad_settings_are_refused_before_anything_starts():
         pg_ticket.LeasedGenerator("host=/nowhere", "x", ttl=0.5)
     with pytest.raises(pg_ticket.InvalidConfig):
         pg_ticket.LeasedGenerator("host=/nowhere", "x", wait=-1)
+    for holder in ["", "a\0b", "h" * 256]:
+        with pytest.raises(pg_ticket.InvalidConfig, match="holder"):
+            pg_ticket.LeasedGenerator("host=/nowhere", holder)
     started = time.monotonic()
     with pytest.raises(pg_ticket.NoLease) as e:
         pg_ticket.LeasedGenerator("host=/nowhere port=1 connect_timeout=1", "x", wait=0.3)

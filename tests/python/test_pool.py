@@ -45,6 +45,9 @@ def test_pools_in_threads_share_no_id(registry):
 def test_a_pool_without_a_server_gives_up_after_its_wait():
     with pytest.raises(pg_ticket.InvalidConfig):
         pg_ticket.BlockPool("host=/nowhere", "x", 0)
+    for name in ["", "a\0b", "n" * 256]:
+        with pytest.raises(pg_ticket.InvalidConfig, match="name"):
+            pg_ticket.BlockPool("host=/nowhere", name, 10)
     with pg_ticket.BlockPool("host=/nowhere port=1", "x", 10, wait=0.3) as pool:
         started = time.monotonic()
         with pytest.raises(pg_ticket.BlocksExhausted):

@@ -541,20 +541,40 @@ impl Conn {
 
 /// `sql` with `$n` replaced by parameter n as a literal: text as an
 /// escape string (`E'...'`, whatever `standard_conforming_strings` says),
-/// numbers in parentheses, NULL. The statements are this crate's own (no
-/// `$` but placeholders); a `$n` past the parameters is an error.
+/// numbers in parentheses, NULL. The statements are this crate's own, with
+/// the extension's schema written in as a quoted identifier: a `$` inside a
+/// quoted identifier or a string literal is left alone (a schema named
+/// `a$1` is a name, not a placeholder); a `$n` past the parameters is an
+/// error.
 fn with_literals(sql: &str, params: &[Param<'_>]) -> Result<String, CallError> {
     let mut out = String::with_capacity(sql.len() + 32);
-    let mut chars = sql.char_indices().peekable();
-    while let Some((_, c)) = chars.next() {
-        if c != '$' || !chars.peek().is_some_and(|(_, d)| d.is_ascii_digit()) {
-            out.push(c);
-            continue;
+    let mut chars = sql.chars().peekable();
+    // The quote character of the identifier or literal being copied; a
+    // doubled quote inside one closes and reopens it, which copies the same.
+    let mut quoted: Option<char> = None;
+    while let Some(c) = chars.next() {
+        match quoted {
+            Some(q) => {
+                if c == q {
+                    quoted = None;
+                }
+                out.push(c);
+                continue;
+            }
+            None if c == '"' || c == '\'' => {
+                quoted = Some(c);
+                out.push(c);
+                continue;
+            }
+            None if c != '$' || !chars.peek().is_some_and(char::is_ascii_digit) => {
+                out.push(c);
+                continue;
+            }
+            None => {}
         }
         let mut n = 0usize;
-        while let Some((_, d)) = chars.peek().copied().filter(|(_, d)| d.is_ascii_digit()) {
-            n = n * 10 + d.to_digit(10).unwrap_or(0) as usize;
-            chars.next();
+        while let Some(d) = chars.next_if(char::is_ascii_digit) {
+            n = n.saturating_mul(10).saturating_add(d.to_digit(10).unwrap_or(0) as usize);
         }
         match n.checked_sub(1).and_then(|i| params.get(i)) {
             Some(Param::Text(t)) => {
@@ -572,6 +592,9 @@ fn with_literals(sql: &str, params: &[Param<'_>]) -> Result<String, CallError> {
             Some(Param::Null) => out.push_str("NULL"),
             None => return Err(CallError::Unexpected(format!("${n} has no parameter in {sql:?}"))),
         }
+    }
+    if quoted.is_some() {
+        return Err(CallError::Unexpected(format!("an unclosed quote in {sql:?}")));
     }
     Ok(out)
 }
@@ -656,6 +679,21 @@ mod tests {
         assert_eq!(sql, "SELECT f(E'it''s \\\\''; DROP', (-5)::bigint, NULL, E'ten', E'it''s \\\\''; DROP')");
         assert!(with_literals("SELECT $11", &params).is_err(), "a placeholder past the parameters");
         assert_eq!(with_literals("SELECT 'no $ placeholder', 1", &[]).unwrap(), "SELECT 'no $ placeholder', 1");
+    }
+
+    /// helper-9 (#48): the extension's schema is written into the statement
+    /// (quote_ident'ed) before the parameters; a schema named `a$1` had
+    /// the block's name put inside the identifier, and a name with a `"`
+    /// then ended it.
+    #[test]
+    fn a_dollar_in_a_quoted_schema_or_literal_is_no_placeholder() {
+        let params = [Param::Text("x\"y"), Param::Int(7)];
+        assert_eq!(
+            with_literals("SELECT \"a$1\"\"$2\".f($1, $2), '$1''$2'", &params).unwrap(),
+            "SELECT \"a$1\"\"$2\".f(E'x\"y', (7)), '$1''$2'"
+        );
+        assert!(with_literals("SELECT \"a$1", &params).is_err(), "an unclosed identifier");
+        assert!(with_literals("SELECT $99999999999999999999999", &params).is_err(), "no overflow, no parameter");
     }
 
     #[test]

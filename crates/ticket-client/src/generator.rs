@@ -79,6 +79,7 @@ impl GeneratorConfig {
     fn check(&self) -> Result<i64, ClientError> {
         let invalid = |what: &str, e: &dyn std::fmt::Display| ClientError::InvalidConfig(format!("{what}: {e}"));
         let ttl_ms = i64::try_from(self.ttl.as_millis()).unwrap_or(i64::MAX);
+        ticket_core::counter::check_client_name("holder", &self.holder).map_err(|e| ClientError::InvalidConfig(e.to_string()))?;
         check_ttl(ttl_ms).map_err(|e| invalid("ttl", &e))?;
         if self.retry_interval.is_zero() || self.retry_interval > self.ttl / 2 {
             return Err(invalid("retry_interval", &format!("{:?} is not more than 0 and at most half the ttl ({:?})", self.retry_interval, self.ttl)));

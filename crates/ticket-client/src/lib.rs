@@ -109,6 +109,13 @@ mod tests {
         let mut config = GeneratorConfig::new("host=/nowhere", "x");
         config.retry_interval = std::time::Duration::from_secs(16); // more than half of the default 30 s
         assert!(matches!(LeasedGenerator::start(config), Err(ClientError::InvalidConfig(m)) if m.contains("retry_interval")));
+        // A name every server refuses, refused before any wait (helper-9,
+        // #48: a holder with a NUL waited its whole wait for NoLease; a
+        // pool's empty or over-long name failed only at next_id).
+        for name in ["", "a\0b", &"n".repeat(256)] {
+            assert!(matches!(BlockPool::start(PoolConfig::new("host=/nowhere", name, 10)), Err(ClientError::InvalidConfig(m)) if m.contains("name")), "{name:?}");
+            assert!(matches!(LeasedGenerator::start(GeneratorConfig::new("host=/nowhere", name)), Err(ClientError::InvalidConfig(m)) if m.contains("holder")), "{name:?}");
+        }
         for bad in [r#""call_timeout": "0""#, r#""call_timeout": "2d""#, r#""retry_interval": 0"#, r#""check_interval": "0s""#] {
             let config: PoolConfig = serde_json::from_str(&format!(r#"{{"dsn": "host=/nowhere", "name": "x", "block_size": 10, {bad}}}"#)).unwrap();
             assert!(matches!(BlockPool::start(config), Err(ClientError::InvalidConfig(_))), "{bad}");

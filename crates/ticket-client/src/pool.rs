@@ -89,6 +89,7 @@ impl PoolConfig {
     /// Every value one the pool can work with?
     fn check(&self) -> Result<(), ClientError> {
         let invalid = |what: &str, why: String| Err(ClientError::InvalidConfig(format!("{what}: {why}")));
+        ticket_core::counter::check_client_name("name", &self.name).map_err(|e| ClientError::InvalidConfig(e.to_string()))?;
         ticket_core::counter::check_block_size(self.block_size).map_err(|e| ClientError::InvalidConfig(format!("block_size: {e}")))?;
         const DAY: Duration = Duration::from_secs(86_400);
         for (what, d) in [("wait_timeout", self.wait_timeout), ("retry_interval", self.retry_interval), ("check_interval", self.check_interval)] {

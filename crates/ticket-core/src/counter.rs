@@ -22,6 +22,8 @@ pub enum CounterError {
     EmptyName { what: &'static str },
     #[error("{what} is {len} bytes long; the limit is {MAX_NAME_BYTES} bytes")]
     NameTooLong { what: &'static str, len: usize },
+    #[error("{what} contains a NUL character, which PostgreSQL's text cannot hold")]
+    NulInName { what: &'static str },
     #[error("block size must be at least 1, got {0}")]
     SizeNotPositive(i64),
     #[error("block size {0} is larger than the limit of {MAX_BLOCK_SIZE}")]
@@ -111,6 +113,24 @@ pub fn check_name(what: &'static str, name: &[u8]) -> Result<(), CounterError> {
     Ok(())
 }
 
+/// A client's check of a name before it waits on a server for it (a block
+/// pool's name, a lease holder's): what every server refuses, whatever its
+/// encoding. Empty, a NUL, or more characters than the limit has bytes
+/// (each character is at least one byte in any server encoding); a name
+/// within that is the server's to judge in its own encoding's bytes.
+pub fn check_client_name(what: &'static str, name: &str) -> Result<(), CounterError> {
+    if name.is_empty() {
+        return Err(CounterError::EmptyName { what });
+    }
+    if name.contains('\0') {
+        return Err(CounterError::NulInName { what });
+    }
+    if name.chars().count() > MAX_NAME_BYTES {
+        return Err(CounterError::NameTooLong { what, len: name.len() });
+    }
+    Ok(())
+}
+
 pub fn check_block_size(size: i64) -> Result<(), CounterError> {
     if size <= 0 {
         return Err(CounterError::SizeNotPositive(size));
@@ -183,6 +203,13 @@ mod tests {
         assert!(check_name("queue", b"q").is_ok());
         assert!(check_name("queue", "x".repeat(255).as_bytes()).is_ok());
         assert_eq!(check_name("queue", b""), Err(CounterError::EmptyName { what: "queue" }));
+        // A client's check: what every server refuses, before any wait.
+        assert_eq!(check_client_name("name", ""), Err(CounterError::EmptyName { what: "name" }));
+        assert_eq!(check_client_name("holder", "a\0b"), Err(CounterError::NulInName { what: "holder" }));
+        assert_eq!(check_client_name("name", &"x".repeat(256)), Err(CounterError::NameTooLong { what: "name", len: 256 }));
+        assert_eq!(check_client_name("name", &"x".repeat(255)), Ok(()));
+        // 255 characters of two bytes each: a LATIN1 server holds them in 255.
+        assert_eq!(check_client_name("name", &"\u{e9}".repeat(255)), Ok(()));
         assert_eq!(
             check_name("domain", "é".repeat(128).as_bytes()),
             Err(CounterError::NameTooLong { what: "domain", len: 256 })
