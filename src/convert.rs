@@ -9,13 +9,20 @@
 //! meanwhile waits and then takes its key from the new default; the new
 //! series starts above every value in the column, the value the sequence
 //! last handed out, and `above` (what the caller knows other nodes used).
+//! A sequence is one series: every column that takes values from it (two
+//! tables sharing one sequence, review of #47) converts with it, to one
+//! ticket scope `(the sequence's name, 'sequence')`, and goes back with it.
 //! What was there (the default, or the identity and its kind) is recorded
 //! in `pgticket.conversions` (of the node, like the schema itself: DDL does
-//! not replicate) so `pgticket.revert_conversion` puts it back, its
-//! sequence set above the column's values.
+//! not replicate), by the table's name as text (a regclass column stopped
+//! the other nodes' apply for a table they lack, a temporary one), so
+//! `pgticket.revert_conversion` puts it back, the sequence set above the
+//! columns' values and what it handed out before.
 //!
-//! Touches: the caller's table (as the caller), `pgticket.conversions`,
-//! and the ticket scope's mark through `pgticket.advance_ticket`.
+//! Touches: the caller's tables (as the caller), `pgticket.conversions`,
+//! and the ticket scope through `pgticket.raise_ticket_floor` (its cached
+//! tickets dropped: a column reverted and converted again got the tickets
+//! cached before, which the sequence had handed out meanwhile).
 
 use pgrx::prelude::*;
 
@@ -24,9 +31,10 @@ extension_sql!(
 -- 0.5.0 (SPEC s.19.4): key columns converted from a sequence to tickets or
 -- snowflakes, and what they had before (a node's own, as its schema is).
 CREATE TABLE pgticket.conversions (
-    relation regclass NOT NULL,
+    relation text NOT NULL,
     id_column text NOT NULL,
     kind text NOT NULL CHECK (kind IN ('ticket', 'snowflake')),
+    sequence text NOT NULL,
     old_default text,
     old_identity "char" NOT NULL DEFAULT '',
     converted_above bigint NOT NULL,
@@ -34,7 +42,7 @@ CREATE TABLE pgticket.conversions (
     PRIMARY KEY (relation, id_column)
 );
 COMMENT ON TABLE pgticket.conversions IS
-    'Key columns converted from a sequence to tickets or snowflakes (pgticket.convert_sequence), with the default or identity they had';
+    'Key columns converted from a sequence to tickets or snowflakes (pgticket.convert_sequence): the table (its qualified name), the sequence it took values from (the ticket scope''s queue), the default or identity it had';
 REVOKE ALL ON pgticket.conversions FROM PUBLIC;
 SELECT pg_catalog.pg_extension_config_dump('pgticket.conversions', '');
 CREATE TRIGGER by_replication BEFORE INSERT OR UPDATE OR DELETE ON pgticket.conversions
@@ -51,11 +59,11 @@ LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     att record;
     seq regclass;
-    seq_last bigint;
+    rels regclass[];
+    cols name[];
     col_max bigint;
     floor_value bigint;
-    queue text := relation::text;
-    domain text := id_column::text;
+    queue text;
 BEGIN
     IF relation IS NULL OR id_column IS NULL OR kind IS NULL OR above IS NULL THEN
         RAISE EXCEPTION 'pg_ticket: relation, id_column, kind and above must not be NULL' USING ERRCODE = 'null_value_not_allowed';
@@ -64,100 +72,155 @@ BEGIN
         RAISE EXCEPTION 'pg_ticket: kind is ''ticket'' or ''snowflake'', not %', pg_catalog.quote_literal(kind)
             USING ERRCODE = 'invalid_parameter_value';
     END IF;
+    IF NOT pg_catalog.has_table_privilege('pgticket.conversions', 'INSERT')
+       OR (kind OPERATOR(pg_catalog.=) 'ticket' AND NOT pg_catalog.has_function_privilege('pgticket.raise_ticket_floor(text, text, bigint)', 'EXECUTE')) THEN
+        RAISE EXCEPTION 'pg_ticket: converting a sequence is an administrator''s: it records the conversion in pgticket.conversions and raises the ticket scope'
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Run it as a superuser, or GRANT INSERT, DELETE ON pgticket.conversions and EXECUTE ON FUNCTION pgticket.raise_ticket_floor(text, text, bigint) to the table''s owner.';
+    END IF;
     EXECUTE pg_catalog.format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', relation);
-    SELECT a.attnum, a.atttypid, a.attidentity, pg_catalog.pg_get_expr(d.adbin, d.adrelid) AS def
-      INTO att
-      FROM pg_catalog.pg_attribute a
-      LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid OPERATOR(pg_catalog.=) a.attrelid AND d.adnum OPERATOR(pg_catalog.=) a.attnum
+    SELECT a.attnum INTO att FROM pg_catalog.pg_attribute a
      WHERE a.attrelid OPERATOR(pg_catalog.=) relation AND a.attname OPERATOR(pg_catalog.=) id_column AND NOT a.attisdropped;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pg_ticket: column % of % does not exist', pg_catalog.quote_ident(id_column), relation USING ERRCODE = 'undefined_column';
     END IF;
-    IF EXISTS (SELECT FROM pgticket.conversions c WHERE c.relation OPERATOR(pg_catalog.=) convert_sequence.relation
-                                                   AND c.id_column OPERATOR(pg_catalog.=) convert_sequence.id_column::text) THEN
-        RAISE EXCEPTION 'pg_ticket: column % of % is converted already (pgticket.revert_conversion undoes it)', pg_catalog.quote_ident(id_column), relation
-            USING ERRCODE = 'object_not_in_prerequisite_state';
-    END IF;
-    IF att.atttypid OPERATOR(pg_catalog.<>) 'pg_catalog.int8'::pg_catalog.regtype
-       AND (kind OPERATOR(pg_catalog.=) 'snowflake' OR att.atttypid OPERATOR(pg_catalog.<>) 'pg_catalog.int4'::pg_catalog.regtype) THEN
-        RAISE EXCEPTION 'pg_ticket: column % of % is %: % keys need bigint%', pg_catalog.quote_ident(id_column), relation,
-            pg_catalog.format_type(att.atttypid, NULL), kind, CASE WHEN kind OPERATOR(pg_catalog.=) 'ticket' THEN ' or integer' ELSE '' END
-            USING ERRCODE = 'datatype_mismatch',
-                  HINT = 'ALTER TABLE ... ALTER COLUMN ... TYPE bigint first (and every column that references it).';
-    END IF;
+    -- The sequence: the column's own (serial, identity), else the one its
+    -- default takes from (a nextval() default depends on its sequence).
     seq := pg_catalog.pg_get_serial_sequence(relation::text, id_column::text)::pg_catalog.regclass;
-    IF seq IS NULL AND att.def LIKE 'nextval(''%' THEN
-        -- A sequence the column does not own: named in its default.
-        seq := pg_catalog."substring"(att.def, 'nextval\(''([^'']+)''')::pg_catalog.regclass;
+    IF seq IS NULL THEN
+        SELECT dep.refobjid::pg_catalog.regclass INTO seq
+          FROM pg_catalog.pg_attrdef d
+          JOIN pg_catalog.pg_depend dep ON dep.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_attrdef'::pg_catalog.regclass
+               AND dep.objid OPERATOR(pg_catalog.=) d.oid AND dep.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+          JOIN pg_catalog.pg_class s ON s.oid OPERATOR(pg_catalog.=) dep.refobjid AND s.relkind OPERATOR(pg_catalog.=) 'S'
+         WHERE d.adrelid OPERATOR(pg_catalog.=) relation AND d.adnum OPERATOR(pg_catalog.=) att.attnum
+         LIMIT 1;
     END IF;
-    IF seq IS NULL AND att.attidentity OPERATOR(pg_catalog.=) '' AND coalesce(att.def, '') NOT LIKE 'nextval(%' THEN
+    IF seq IS NULL THEN
         RAISE EXCEPTION 'pg_ticket: column % of % takes no value from a sequence (no serial, identity or nextval() default)',
             pg_catalog.quote_ident(id_column), relation USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
-    IF seq IS NOT NULL THEN
-        seq_last := pg_catalog.pg_sequence_last_value(seq);
-    END IF;
-    EXECUTE pg_catalog.format('SELECT pg_catalog.max(%I)::pg_catalog.int8 FROM %s', id_column, relation) INTO col_max;
-    floor_value := GREATEST(col_max, seq_last, above, 0);
+    -- Every column that takes values from it: one series, converted
+    -- together (two tables of one sequence hold no key twice).
+    SELECT pg_catalog.array_agg(u.rel ORDER BY u.rel::text, u.col), pg_catalog.array_agg(u.col ORDER BY u.rel::text, u.col) INTO rels, cols
+      FROM (SELECT relation AS rel, id_column AS col
+            UNION
+            SELECT d.adrelid::pg_catalog.regclass, a.attname
+              FROM pg_catalog.pg_depend dep
+              JOIN pg_catalog.pg_attrdef d ON dep.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_attrdef'::pg_catalog.regclass
+                   AND dep.objid OPERATOR(pg_catalog.=) d.oid
+              JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) d.adrelid AND a.attnum OPERATOR(pg_catalog.=) d.adnum
+             WHERE dep.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+               AND dep.refobjid OPERATOR(pg_catalog.=) seq AND NOT a.attisdropped) u;
+    floor_value := GREATEST(above, 0, pg_catalog.pg_sequence_last_value(seq));
+    FOR i IN 1 .. pg_catalog.array_length(rels, 1) LOOP
+        EXECUTE pg_catalog.format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', rels[i]);
+        IF EXISTS (SELECT FROM pgticket.conversions c WHERE c.relation OPERATOR(pg_catalog.=) rels[i]::text
+                                                       AND c.id_column OPERATOR(pg_catalog.=) cols[i]::text) THEN
+            RAISE EXCEPTION 'pg_ticket: column % of % is converted already (pgticket.revert_conversion undoes it)', pg_catalog.quote_ident(cols[i]), rels[i]
+                USING ERRCODE = 'object_not_in_prerequisite_state';
+        END IF;
+        SELECT a.atttypid INTO att FROM pg_catalog.pg_attribute a
+         WHERE a.attrelid OPERATOR(pg_catalog.=) rels[i] AND a.attname OPERATOR(pg_catalog.=) cols[i];
+        IF att.atttypid OPERATOR(pg_catalog.<>) 'pg_catalog.int8'::pg_catalog.regtype
+           AND (kind OPERATOR(pg_catalog.=) 'snowflake' OR att.atttypid OPERATOR(pg_catalog.<>) 'pg_catalog.int4'::pg_catalog.regtype) THEN
+            RAISE EXCEPTION 'pg_ticket: column % of % is %: % keys need bigint%', pg_catalog.quote_ident(cols[i]), rels[i],
+                pg_catalog.format_type(att.atttypid, NULL), kind, CASE WHEN kind OPERATOR(pg_catalog.=) 'ticket' THEN ' or integer' ELSE '' END
+                USING ERRCODE = 'datatype_mismatch',
+                      HINT = 'ALTER TABLE ... ALTER COLUMN ... TYPE bigint first (and every column that references it).';
+        END IF;
+        EXECUTE pg_catalog.format('SELECT pg_catalog.max(%I)::pg_catalog.int8 FROM %s', cols[i], rels[i]) INTO col_max;
+        floor_value := GREATEST(floor_value, col_max);
+    END LOOP;
+    queue := seq::text;
     IF kind OPERATOR(pg_catalog.=) 'ticket' THEN
-        BEGIN
-            PERFORM pgticket.advance_ticket(queue, domain, floor_value);
-        EXCEPTION WHEN invalid_parameter_value THEN
-            NULL; -- the scope's mark is above it already
-        END;
+        PERFORM pgticket.raise_ticket_floor(queue, 'sequence', floor_value);
     ELSIF floor_value OPERATOR(pg_catalog.>=) @extschema@.snowflake_min_id(pg_catalog.now()) THEN
         RAISE EXCEPTION 'pg_ticket: column % of % holds values up to %, not below today''s snowflakes', pg_catalog.quote_ident(id_column), relation, floor_value
             USING ERRCODE = 'object_not_in_prerequisite_state', HINT = 'Convert it to tickets instead.';
     END IF;
-    INSERT INTO pgticket.conversions (relation, id_column, kind, old_default, old_identity, converted_above)
-        VALUES (relation, id_column::text, kind, att.def, att.attidentity, floor_value);
-    IF att.attidentity OPERATOR(pg_catalog.<>) '' THEN
-        EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I DROP IDENTITY', relation, id_column);
-    END IF;
-    EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I SET DEFAULT %s', relation, id_column,
-        CASE kind WHEN 'ticket' THEN pg_catalog.format('@extschema@.next_ticket(%L, %L)', queue, domain)
-                  ELSE '@extschema@.snowflake_id()' END);
+    FOR i IN 1 .. pg_catalog.array_length(rels, 1) LOOP
+        SELECT a.attidentity, pg_catalog.pg_get_expr(d.adbin, d.adrelid) AS def INTO att
+          FROM pg_catalog.pg_attribute a
+          LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid OPERATOR(pg_catalog.=) a.attrelid AND d.adnum OPERATOR(pg_catalog.=) a.attnum
+         WHERE a.attrelid OPERATOR(pg_catalog.=) rels[i] AND a.attname OPERATOR(pg_catalog.=) cols[i];
+        INSERT INTO pgticket.conversions (relation, id_column, kind, sequence, old_default, old_identity, converted_above)
+            VALUES (rels[i]::text, cols[i]::text, kind, queue, att.def, att.attidentity, floor_value);
+        IF att.attidentity OPERATOR(pg_catalog.<>) '' THEN
+            EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I DROP IDENTITY', rels[i], cols[i]);
+        END IF;
+        EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I SET DEFAULT %s', rels[i], cols[i],
+            CASE kind WHEN 'ticket' THEN pg_catalog.format('@extschema@.next_ticket(%L, %L)', queue, 'sequence')
+                      ELSE '@extschema@.snowflake_id()' END);
+    END LOOP;
     RETURN floor_value;
 END $$;
 REVOKE ALL ON FUNCTION pgticket.convert_sequence(regclass, name, text, bigint) FROM PUBLIC;
 COMMENT ON FUNCTION pgticket.convert_sequence(regclass, name, text, bigint) IS
-    'Converts a key column from its sequence (serial, identity, nextval default) to tickets or snowflakes, above every value in it, what the sequence handed out and above; returns that floor';
+    'Converts a key column from its sequence (serial, identity, nextval default), with every other column taking values from that sequence, to tickets of scope (sequence, ''sequence'') or snowflakes, above every value in them, what the sequence handed out and above; returns that floor';
 
 CREATE FUNCTION pgticket.revert_conversion(relation regclass, id_column name) RETURNS bigint
 LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
     conv record;
-    col_max bigint;
+    r record;
+    rel regclass;
+    col_max bigint := 0;
+    m bigint;
     seq regclass;
 BEGIN
+    IF relation IS NULL OR id_column IS NULL THEN
+        RAISE EXCEPTION 'pg_ticket: relation and id_column must not be NULL' USING ERRCODE = 'null_value_not_allowed';
+    END IF;
+    IF NOT pg_catalog.has_table_privilege('pgticket.conversions', 'DELETE') THEN
+        RAISE EXCEPTION 'pg_ticket: reverting a conversion is an administrator''s: it removes the record from pgticket.conversions'
+            USING ERRCODE = 'insufficient_privilege',
+                  HINT = 'Run it as a superuser, or GRANT INSERT, DELETE ON pgticket.conversions to the table''s owner.';
+    END IF;
     SELECT * INTO conv FROM pgticket.conversions c
-     WHERE c.relation OPERATOR(pg_catalog.=) revert_conversion.relation AND c.id_column OPERATOR(pg_catalog.=) revert_conversion.id_column::text;
+     WHERE c.relation OPERATOR(pg_catalog.=) revert_conversion.relation::text AND c.id_column OPERATOR(pg_catalog.=) revert_conversion.id_column::text;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'pg_ticket: column % of % was not converted (pgticket.conversions)', pg_catalog.quote_ident(id_column), relation
             USING ERRCODE = 'object_not_in_prerequisite_state';
     END IF;
-    EXECUTE pg_catalog.format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', relation);
-    EXECUTE pg_catalog.format('SELECT pg_catalog.max(%I)::pg_catalog.int8 FROM %s', id_column, relation) INTO col_max;
-    col_max := coalesce(col_max, 0);
-    EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I DROP DEFAULT', relation, id_column);
-    IF conv.old_identity OPERATOR(pg_catalog.<>) '' THEN
-        EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I ADD GENERATED %s AS IDENTITY (START WITH %s)', relation, id_column,
-            CASE conv.old_identity WHEN 'a' THEN 'ALWAYS' ELSE 'BY DEFAULT' END, col_max OPERATOR(pg_catalog.+) 1);
-    ELSE
-        EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I SET DEFAULT %s', relation, id_column, conv.old_default);
-        seq := pg_catalog.pg_get_serial_sequence(relation::text, id_column::text)::pg_catalog.regclass;
-        IF seq IS NOT NULL AND col_max OPERATOR(pg_catalog.>) 0 THEN
-            PERFORM pg_catalog.setval(seq, col_max);
+    -- Every column converted from the same sequence goes back with it.
+    FOR r IN SELECT * FROM pgticket.conversions c WHERE c.sequence OPERATOR(pg_catalog.=) conv.sequence ORDER BY c.relation, c.id_column LOOP
+        rel := pg_catalog.to_regclass(r.relation);
+        IF rel IS NULL THEN
+            RAISE EXCEPTION 'pg_ticket: table % converted with % is not there under that name', r.relation, conv.sequence
+                USING ERRCODE = 'object_not_in_prerequisite_state',
+                      HINT = 'A table renamed since: UPDATE pgticket.conversions SET relation = its new qualified name first.';
         END IF;
+        EXECUTE pg_catalog.format('LOCK TABLE %s IN SHARE ROW EXCLUSIVE MODE', rel);
+        EXECUTE pg_catalog.format('SELECT pg_catalog.max(%I)::pg_catalog.int8 FROM %s', r.id_column, rel) INTO m;
+        col_max := GREATEST(col_max, m);
+    END LOOP;
+    FOR r IN SELECT * FROM pgticket.conversions c WHERE c.sequence OPERATOR(pg_catalog.=) conv.sequence ORDER BY c.relation, c.id_column LOOP
+        rel := pg_catalog.to_regclass(r.relation);
+        EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I DROP DEFAULT', rel, r.id_column);
+        IF r.old_identity OPERATOR(pg_catalog.<>) '' THEN
+            EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I ADD GENERATED %s AS IDENTITY (START WITH %s)', rel, r.id_column,
+                CASE r.old_identity WHEN 'a' THEN 'ALWAYS' ELSE 'BY DEFAULT' END, col_max OPERATOR(pg_catalog.+) 1);
+        ELSE
+            EXECUTE pg_catalog.format('ALTER TABLE %s ALTER COLUMN %I SET DEFAULT %s', rel, r.id_column, r.old_default);
+        END IF;
+        DELETE FROM pgticket.conversions c
+         WHERE c.relation OPERATOR(pg_catalog.=) r.relation AND c.id_column OPERATOR(pg_catalog.=) r.id_column;
+    END LOOP;
+    -- The sequence (not an identity's, made anew above) above every value
+    -- in its columns and every value it handed out before: never set back,
+    -- wherever else it is used (review of #47).
+    seq := pg_catalog.to_regclass(conv.sequence);
+    IF conv.old_identity OPERATOR(pg_catalog.=) '' AND seq IS NOT NULL
+       AND col_max OPERATOR(pg_catalog.>) coalesce(pg_catalog.pg_sequence_last_value(seq), 0) THEN
+        PERFORM pg_catalog.setval(seq, col_max);
     END IF;
-    DELETE FROM pgticket.conversions c
-     WHERE c.relation OPERATOR(pg_catalog.=) revert_conversion.relation AND c.id_column OPERATOR(pg_catalog.=) revert_conversion.id_column::text;
     RETURN col_max;
 END $$;
 REVOKE ALL ON FUNCTION pgticket.revert_conversion(regclass, name) FROM PUBLIC;
 COMMENT ON FUNCTION pgticket.revert_conversion(regclass, name) IS
-    'Puts back the sequence default or identity a converted key column had, its sequence set above the values in the column; returns the highest';
+    'Puts back the sequence default or identity a converted key column had, with every column converted from the same sequence, the sequence set above their values; returns the highest';
 "#,
     name = "convert",
-    requires = ["by_replication", "schema"]
+    requires = ["by_replication", "schema", "ticket_views"]
 );

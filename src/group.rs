@@ -129,14 +129,39 @@ fn subscriptions(client: &pgrx::spi::SpiClient<'_>) -> Result<i64, pgrx::spi::Er
     Ok(native + pglogical)
 }
 
-/// This node's row as the settings say now (written only when it differs:
-/// no write, and no row lock, for a node whose row is current).
-fn announce(client: &mut pgrx::spi::SpiClient<'_>) -> Result<(), pgrx::spi::Error> {
+/// How `announce` writes this node's row.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Announce<'a> {
+    /// Only when it differs: no write, and no row lock, for a node whose
+    /// row is current.
+    IfChanged,
+    /// Always (`join_group()`): a node added since, subscribed without the
+    /// initial copy, hears of this one only from a write (review of #47).
+    Again,
+    /// Always, and over a row of this identity under the name given (the
+    /// node renamed).
+    Renamed(&'a str),
+}
+
+/// This node's row as the settings say now. A row of this identity under
+/// another name is refused unless the node was renamed from it: it is
+/// otherwise the row of the node this server is a copy of (review of #47:
+/// a copy promoted under another name overwrote it here and served the
+/// original's scopes).
+fn announce(client: &mut pgrx::spi::SpiClient<'_>, how: Announce<'_>) -> Result<(), pgrx::spi::Error> {
     let me = me();
-    let current = nodes(client)?.into_iter().any(|n| n == me);
-    if current {
+    let mine = nodes(client)?.into_iter().find(|n| n.id == me.id);
+    if let Some(mine) = &mine {
+        if mine.name != me.name && how != Announce::Renamed(&mine.name) {
+            refused("this server", Refusal::CopyOf { name: mine.name.clone() }).raise();
+        }
+    }
+    if how == Announce::IfChanged && mine.as_ref() == Some(&me) {
         return Ok(());
     }
+    // Deleted and inserted, not updated: an UPDATE of a row a subscriber
+    // lacks (a node added without the initial copy) is skipped there.
+    client.update("DELETE FROM pgticket.nodes WHERE node OPERATOR(pg_catalog.=) $1", None, &[me.id.into()])?;
     client.update(
         &format!(
             "INSERT INTO pgticket.nodes ({NODE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
@@ -157,6 +182,16 @@ fn announce(client: &mut pgrx::spi::SpiClient<'_>) -> Result<(), pgrx::spi::Erro
         ],
     )?;
     Ok(())
+}
+
+/// Called by `replicated` for a replicated INSERT of another node's row:
+/// the row here, if any, makes way for it.
+pub fn forget_node(node: i64) {
+    let Some(table) = nodes_table() else { return };
+    state_tables::as_owner_of(table, || {
+        Spi::connect_mut(|client| client.update("DELETE FROM pgticket.nodes WHERE node OPERATOR(pg_catalog.=) $1", None, &[node.into()]).map(|_| ()))
+    })
+    .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot merge a replicated row of pgticket.nodes: {e}"));
 }
 
 fn nodes_table() -> Option<state_tables::Table> {
@@ -209,6 +244,8 @@ fn view(table: state_tables::Table, with_subscriptions: bool) -> View {
 #[derive(Clone)]
 struct Leave {
     alone: bool,
+    /// `View::identity`: whether this server is the node it says.
+    identity: Result<(), Refusal>,
     of: [Result<(), Refusal>; 3],
 }
 
@@ -246,7 +283,11 @@ fn leave() -> Option<Leave> {
     });
     Some(cached.unwrap_or_else(|| {
         let (view, me) = (view(table, true), me());
-        let leave = Leave { alone: view.alone(), of: [Use::Tickets, Use::Snowflakes, Use::NewScope].map(|what| view.check(&me, what)) };
+        let leave = Leave {
+            alone: view.alone(),
+            identity: view.identity(&me),
+            of: [Use::Tickets, Use::Snowflakes, Use::NewScope].map(|what| view.check(&me, what)),
+        };
         LEAVE.with(|c| *c = Some((generation, subscriptions, now, leave.clone())));
         leave
     }))
@@ -309,6 +350,10 @@ fn refused(subject: &str, refusal: Refusal) -> TicketError {
             ),
             "Run SELECT pgticket.join_group(); in this database on every node of the group, and wait for the rows to replicate (docs/multi-primary.md).".into(),
         ),
+        Refusal::CopyOf { name } => (
+            format!("this server's system identifier is node {name:?}'s in pgticket.nodes, and this server is named {:?}: a copy of {name:?} (a base backup or a standby promoted under another name) would hand out {name:?}'s numbers", node_name()),
+            format!("If this server is node {name:?} renamed, SELECT pgticket.join_group(renamed_from => '{}'); if it is a copy, make it a node of its own (pg_createsubscriber, or initdb and a logical copy) (docs/multi-primary.md).", name.replace('\'', "''")),
+        ),
         Refusal::IdentityClash { other } => (
             format!("node {other:?} of this group has this server's system identifier: a copy of it (made from a base backup?) passes for this node"),
             format!("Make that node anew with its own identifier (initdb and a logical copy, or pg_createsubscriber), then remove {CLASH_FILE} from this server's data directory (docs/multi-primary.md)."),
@@ -335,6 +380,10 @@ pub enum AtHome {
 /// scopes only (which claims it).
 pub fn check_home(label: &str, home: Option<i64>) -> Result<AtHome, TicketError> {
     let me = node_id();
+    // Not on a copy of a node, nor beside one: it passes for the home too.
+    if let Some(Err(refusal)) = leave().map(|l| l.identity) {
+        return Err(refused(&format!("{label} is served by the node this server is"), refusal));
+    }
     let Some(home) = home else {
         // No home (before 0.5.0, or before the database joined a group): in
         // a group, used on the node that creates scopes only, once the
@@ -349,11 +398,6 @@ pub fn check_home(label: &str, home: Option<i64>) -> Result<AtHome, TicketError>
         };
     };
     if home == me {
-        // Not if a copy of this node is in the group: it passes for this
-        // node too.
-        if let Some(Err(refusal @ Refusal::IdentityClash { .. })) = leave().map(|l| l.of[slot(Use::NewScope)].clone()) {
-            return Err(refused(&format!("{label} has its home on this node"), refusal));
-        }
         return Ok(AtHome::Yes);
     }
     // A database alone (restored from a group member's dump: pgticket.nodes
@@ -382,14 +426,19 @@ fn nodes_changed<'a>(trigger: &'a pgrx::PgTrigger<'a>) -> Result<Option<PgHeapTu
     Ok(None)
 }
 
-/// Announces this node in `pgticket.nodes` (its name and whether it creates
-/// scopes), as every node of a group does once; returns its name.
+/// Announces this node in `pgticket.nodes` (its name, whether it creates
+/// scopes, its allocators' settings), as every node of a group does once
+/// and after each change of those settings; written every time, so a node
+/// added since hears of it. `renamed_from`: this node's former name, the
+/// one its row has (without it, that row is taken for the row of the node
+/// this server is a copy of). Returns its name.
 #[pg_extern(name = "join_group", schema = "pgticket", volatile)]
-fn join_group() -> String {
+fn join_group(renamed_from: default!(Option<&str>, "NULL")) -> String {
     crate::errors::postgres_errors_as_raised(|| {
         crate::xact::check_writable().unwrap_or_else(|e| e.raise());
         let table = nodes_table().unwrap_or_else(|| pgrx::error!("pg_ticket: pgticket.nodes is missing; run ALTER EXTENSION pg_ticket UPDATE"));
-        state_tables::as_owner_of(table, || Spi::connect_mut(announce))
+        let how = renamed_from.map_or(Announce::Again, Announce::Renamed);
+        state_tables::as_owner_of(table, || Spi::connect_mut(|client| announce(client, how)))
             .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot write pgticket.nodes: {e}"));
         node_name()
     })
@@ -425,7 +474,7 @@ fn move_home(
         let nodes_table = nodes_table().unwrap_or_else(|| pgrx::error!("pg_ticket: pgticket.nodes is missing; run ALTER EXTENSION pg_ticket UPDATE"));
         let target = state_tables::as_owner_of(nodes_table, || {
             Spi::connect_mut(|client| {
-                announce(client)?;
+                announce(client, Announce::IfChanged)?;
                 Ok::<_, pgrx::spi::Error>(nodes(client)?.into_iter().find(|n| n.name == to_node).map(|n| n.id))
             })
         })
@@ -445,10 +494,16 @@ fn move_home(
                     TicketError::InvalidArgument(format!("no {kind} {queue:?} here")).raise();
                 }
                 let home: Option<i64> = row.first().get_one()?;
-                let here = home.is_none_or(|h| h == me);
+                // A row of no home is this node's to hand over only where
+                // it would claim it at its first use (review of #47: any
+                // node, a non-creator too, moved it without `above`).
+                let here = match home {
+                    Some(home) => home == me && leave().is_none_or(|l| l.identity.is_ok()),
+                    None => leave().is_none_or(|l| l.alone || l.of[slot(Use::NewScope)].is_ok()),
+                };
                 if !here && (above.is_none() || target != me) {
                     TicketError::InvalidArgument(format!(
-                        "the home of {kind} {queue:?} is another node: move it there, or take it here with above => a value at or past everything the old home committed (and to_node => this node)"
+                        "{kind} {queue:?} is not this node's to hand over (its home is another node, or it has none and this node does not take it): move it on its home, or take it here with above => a value at or past everything the old home committed (and to_node => this node)"
                     ))
                     .raise();
                 }
@@ -506,10 +561,10 @@ CREATE TRIGGER by_replication BEFORE INSERT OR UPDATE OR DELETE ON pgticket.node
 ALTER TABLE pgticket.nodes ENABLE REPLICA TRIGGER by_replication;
 ALTER TABLE pgticket.scoped_counters ADD COLUMN home bigint, ADD COLUMN home_moves bigint NOT NULL DEFAULT 0;
 ALTER TABLE pgticket.blocks ADD COLUMN home bigint, ADD COLUMN home_moves bigint NOT NULL DEFAULT 0;
-REVOKE EXECUTE ON FUNCTION pgticket.join_group() FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgticket.join_group(text) FROM PUBLIC;
 REVOKE EXECUTE ON FUNCTION pgticket.move_home(text, text, text, text, bigint) FROM PUBLIC;
-COMMENT ON FUNCTION pgticket.join_group() IS
-    'Announces this node in pgticket.nodes (its name, whether it creates new gap-free scopes) to the group of primaries; returns its name';
+COMMENT ON FUNCTION pgticket.join_group(text) IS
+    'Announces this node in pgticket.nodes (its name, whether it creates new gap-free scopes, its allocators'' settings) to the group of primaries, renamed_from its former name if it was renamed; returns its name';
 COMMENT ON FUNCTION pgticket.move_home(text, text, text, text, bigint) IS
     'Moves the home node of a gap-free scope (kind scope) or block name (kind block, domain NULL) to node to_node: on its home, with its mark; elsewhere only with above, a value past all the old home committed';
 "#,

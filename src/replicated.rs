@@ -88,7 +88,15 @@ fn by_replication<'a>(trigger: &'a pgrx::PgTrigger<'a>) -> Result<Option<PgHeapT
             return Ok(None);
         }
         let row = if event == pg_sys::TRIGGER_EVENT_INSERT { data.tg_trigtuple } else { data.tg_newtuple };
-        if int(row, c"node") != Some(crate::group::node_id()) {
+        let node = int(row, c"node");
+        if node != Some(crate::group::node_id()) {
+            // A node announces itself anew by an INSERT (join_group(): so a
+            // node added since, which has no row to update, hears of it);
+            // here, where its row is, the new one replaces it (review of
+            // #47: the apply stopped on insert_exists).
+            if let (true, Some(node)) = (event == pg_sys::TRIGGER_EVENT_INSERT, node) {
+                crate::group::forget_node(node);
+            }
             return Ok(trigger.new());
         }
         // This node's identity under another name: a copy of this node.

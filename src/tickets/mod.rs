@@ -488,8 +488,29 @@ fn advance_ticket(queue: Option<Name<'_>>, domain: Option<Name<'_>>, mark: Optio
         if !settings::preloaded() {
             TicketError::NotPreloaded("pgticket.advance_ticket").raise();
         }
-        move_forward(queue, domain, mark, false).or_raise();
+        move_forward(queue, domain, mark, worker::Move::Advance).or_raise();
         mark
+    })
+}
+
+/// Admin: every later ticket of the scope above `floor` (its mark moved
+/// there if below, its cached segments dropped either way: tickets cached
+/// below `floor` are not handed out); returns the mark. What a conversion
+/// from a sequence needs (review of #47: a column reverted to its sequence
+/// and converted again got the tickets cached before the revert, which the
+/// sequence had handed out meanwhile).
+#[pg_extern(volatile, parallel_unsafe, schema = "pgticket")]
+fn raise_ticket_floor(queue: Option<Name<'_>>, domain: Option<Name<'_>>, floor: Option<i64>) -> i64 {
+    postgres_errors_as_raised(|| {
+        let (queue, domain) = scope_args(queue, domain);
+        let floor = required("floor", floor);
+        if !settings::preloaded() {
+            TicketError::NotPreloaded("pgticket.raise_ticket_floor").raise();
+        }
+        if floor < 0 {
+            TicketError::from(ticket_core::counter::CounterError::NegativeMark(floor)).raise();
+        }
+        move_forward(queue, domain, floor, worker::Move::AtLeast).or_raise()
     })
 }
 
@@ -501,13 +522,13 @@ pub fn claim(queue: Name<'_>, domain: Name<'_>, value: i64) -> Result<(), Ticket
     if !settings::preloaded() {
         return Err(TicketError::NotPreloaded("assign_ticket"));
     }
-    move_forward(queue, domain, value, true)
+    move_forward(queue, domain, value, worker::Move::Claim).map(|_| ())
 }
 
 /// The scope's mark moved to `to` (with `claim`, only if above every
 /// ticket reserved): in the caller's transaction, its cached tickets
 /// dropped, as `pgticket.advance_ticket` does.
-fn move_forward(queue: Name<'_>, domain: Name<'_>, to: i64, claim: bool) -> Result<(), TicketError> {
+fn move_forward(queue: Name<'_>, domain: Name<'_>, to: i64, how: worker::Move) -> Result<i64, TicketError> {
     xact::check_writable()?;
     check_right(queue, domain);
     let mut key = Vec::new();
@@ -518,12 +539,12 @@ fn move_forward(queue: Name<'_>, domain: Name<'_>, to: i64, claim: bool) -> Resu
         let g = slot.lock();
         if g.matches(&scope) { most.max(g.reserved_to) } else { most }
     });
-    worker::advance_in_table(queue, domain, to, reserved, claim)?;
+    let mark = worker::advance_in_table(queue, domain, to, reserved, how)?;
     remember_advanced(scope.hash);
     // Dropped now, before the commit: a segment reserved meanwhile waits
     // for this row lock and lands above the new mark.
     shmem::empty_slots(|g| g.matches(&scope));
-    Ok(())
+    Ok(mark)
 }
 
 /// SPEC §17.3: a row of `(queue, domain)` loaded from outside (a restore
@@ -614,7 +635,11 @@ COMMENT ON VIEW pgticket.ticket_cache IS
     'Ticket scopes of this database cached in shared memory: next value, end of the cached range, segment size, refills, waits';
 GRANT SELECT ON pgticket.ticket_cache TO PUBLIC;
 REVOKE EXECUTE ON FUNCTION pgticket.advance_ticket(text, text, bigint) FROM PUBLIC;
+-- 0.5.0
+REVOKE EXECUTE ON FUNCTION pgticket.raise_ticket_floor(text, text, bigint) FROM PUBLIC;
+COMMENT ON FUNCTION pgticket.raise_ticket_floor(text, text, bigint) IS
+    'Admin: every later ticket of (queue, domain) is above floor (the mark raised if below, the cached ones dropped either way); returns the mark';
 "#,
     name = "ticket_views",
-    requires = [ticket_cache, advance_ticket, "schema"]
+    requires = [ticket_cache, advance_ticket, raise_ticket_floor, "schema"]
 );

@@ -718,18 +718,29 @@ fn reserve_together(requests: &[Wanted], series: Series) -> Vec<Reserved> {
     }
 }
 
-/// `pgticket.advance_ticket` in the caller's transaction: the row locked and moved
-/// forward, never back — never below `floor` either, what the cache has
-/// reserved of the scope (a row deleted behind our back says less). With
-/// `claim`, `to` must be above both (a value given explicitly: the mark
-/// itself was handed out).
-pub fn advance_in_table(queue: Name<'_>, domain: Name<'_>, to: i64, floor: i64, claim: bool) -> Result<(), TicketError> {
+/// How `advance_in_table` moves a scope's mark.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Move {
+    /// To the value given, never back (`pgticket.advance_ticket`).
+    Advance,
+    /// Above a value given explicitly, which must be above the mark (the
+    /// mark itself was handed out).
+    Claim,
+    /// To at least the value given: where the mark is above it already,
+    /// nothing (`pgticket.raise_ticket_floor`, a conversion).
+    AtLeast,
+}
+
+/// A scope's mark moved in the caller's transaction, the row locked,
+/// never back, never below `floor` either, what the cache has reserved of
+/// the scope (a row deleted behind our back says less). Returns the mark.
+pub fn advance_in_table(queue: Name<'_>, domain: Name<'_>, to: i64, floor: i64, how: Move) -> Result<i64, TicketError> {
     let series = settings::ticket_series();
     // An administrator's call is counted against no one; a number given to
     // a trigger makes the scope for the role that gave it (SPEC §20, #46
     // item 2: 0.4.0 made 5 002 scopes of one INSERT past a cap of 2).
-    let creator = claim.then(crate::quota::this_session);
-    as_owner_of(state_tables::tickets(), || Spi::connect_mut(|client| -> Result<Result<(), TicketError>, pgrx::spi::Error> {
+    let creator = (how == Move::Claim).then(crate::quota::this_session);
+    as_owner_of(state_tables::tickets(), || Spi::connect_mut(|client| -> Result<Result<i64, TicketError>, pgrx::spi::Error> {
         let found = match lock_row(client, queue, domain, series, false, creator)? {
             Err(refused) => return Ok(Err(refused.about(crate::names::label("ticket scope", queue, Some(domain))))),
             Ok(found) => found,
@@ -742,14 +753,18 @@ pub fn advance_in_table(queue: Name<'_>, domain: Name<'_>, to: i64, floor: i64, 
             ))));
         };
         let mark = mark.max(floor);
-        if claim && to <= mark {
-            return Ok(Err(ticket_core::counter::CounterError::AtOrBelowMark { what: "ticket scope", value: to, mark }.into()));
-        }
-        if to < mark {
-            return Ok(Err(ticket_core::counter::CounterError::MarkBackwards { what: "ticket scope", current: mark, requested: to }.into()));
+        match how {
+            Move::Claim if to <= mark => {
+                return Ok(Err(ticket_core::counter::CounterError::AtOrBelowMark { what: "ticket scope", value: to, mark }.into()));
+            }
+            Move::Advance if to < mark => {
+                return Ok(Err(ticket_core::counter::CounterError::MarkBackwards { what: "ticket scope", current: mark, requested: to }.into()));
+            }
+            Move::AtLeast if to <= mark => return Ok(Ok(mark)),
+            _ => {}
         }
         set_mark(client, queue, domain, to)?;
-        Ok(Ok(()))
+        Ok(Ok(to))
     }))
     .unwrap_or_else(|e| pgrx::error!("pg_ticket: {e}"))
 }

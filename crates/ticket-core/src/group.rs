@@ -63,6 +63,12 @@ pub enum Refusal {
     NotCreator { creator: Option<String> },
     /// Another server of the group has this node's identity.
     IdentityClash { other: String },
+    /// This server holds, under its own identity, the row of a node of
+    /// another name: it is a copy of that node (a base backup or standby
+    /// promoted under another name: the same system identifier, the same
+    /// homes), or that node renamed, which only `join_group(renamed_from)`
+    /// says.
+    CopyOf { name: String },
 }
 
 impl View {
@@ -70,11 +76,25 @@ impl View {
         self.others.is_empty() && self.subscriptions == 0
     }
 
-    /// May `me` (this node, as set now) do `what`?
-    pub fn check(&self, me: &Node, what: Use) -> Result<(), Refusal> {
+    /// Is this server the node its identity says, as far as the database
+    /// knows? Not if a copy of it was seen in the group (the clash record),
+    /// nor if its own row names another node, alone too (review of #47: a
+    /// copy promoted under another name, subscribing to nothing, served
+    /// the original's scopes; at its join_group() it overwrote that row).
+    /// What every use asks first, and every scope it would serve.
+    pub fn identity(&self, me: &Node) -> Result<(), Refusal> {
         if let Some(other) = &self.clash {
             return Err(Refusal::IdentityClash { other: other.clone() });
         }
+        match &self.mine {
+            Some(mine) if mine.name != me.name => Err(Refusal::CopyOf { name: mine.name.clone() }),
+            _ => Ok(()),
+        }
+    }
+
+    /// May `me` (this node, as set now) do `what`?
+    pub fn check(&self, me: &Node, what: Use) -> Result<(), Refusal> {
+        self.identity(me)?;
         if what == Use::NewScope && !me.creates_scopes {
             return Err(Refusal::NotCreator { creator: self.others.iter().find(|n| n.creates_scopes).map(|n| n.name.clone()) });
         }
@@ -212,6 +232,26 @@ mod tests {
         let clash = View { mine: Some(me.clone()), others: vec![node(2, 2, 2, false)], subscriptions: 1, clash: Some("b".into()) };
         for what in [Use::Tickets, Use::Snowflakes, Use::NewScope] {
             assert_eq!(clash.check(&me, what), Err(Refusal::IdentityClash { other: "b".into() }), "{what:?}");
+        }
+    }
+
+    #[test]
+    fn a_row_of_another_name_under_this_identity_is_a_copy_until_a_rename_says_otherwise() {
+        let me = node(1, 1, 1, false);
+        let original = Node { name: "a".into(), ..me.clone() };
+        let copy = View { mine: Some(original.clone()), others: vec![node(2, 2, 2, true)], subscriptions: 1, clash: None };
+        for what in [Use::Tickets, Use::Snowflakes, Use::NewScope] {
+            assert_eq!(copy.check(&me, what), Err(Refusal::CopyOf { name: "a".into() }), "{what:?}");
+        }
+        assert_eq!(copy.identity(&me), Err(Refusal::CopyOf { name: "a".into() }));
+        // Other settings under this node's own name: not announced yet.
+        let stale = View { mine: Some(Node { ticket_offset: 3, ..me.clone() }), ..copy.clone() };
+        assert_eq!(stale.identity(&me), Ok(()));
+        assert_eq!(stale.check(&me, Use::Tickets), Err(Refusal::NotAnnounced));
+        // A copy that subscribes to nothing and knows no other node too.
+        let alone = View { mine: Some(original), others: vec![], subscriptions: 0, clash: None };
+        for what in [Use::Tickets, Use::Snowflakes, Use::NewScope] {
+            assert_eq!(alone.check(&me, what), Err(Refusal::CopyOf { name: "a".into() }), "{what:?}");
         }
     }
 
