@@ -29,7 +29,7 @@ work=$(mktemp -d /tmp/pgt-docs.XXXX)
 mkdir -p "$work/sql" "$work/expected"
 tests=()
 for page in "${pages[@]}"; do
-    name=$(basename "$page" .md | tr '[:upper:]' '[:lower:]')
+    name=$(basename "$page" .md | tr '[:upper:]-' '[:lower:]_')
     [ "$page" = README.md ] && name=readme
     {
         echo "-- The \`\`\`sql blocks of $page, in order (scripts/docs-test.sh)."

@@ -364,3 +364,91 @@ END $$;
 REVOKE ALL ON FUNCTION pgticket.revert_conversion(regclass, name) FROM PUBLIC;
 COMMENT ON FUNCTION pgticket.revert_conversion(regclass, name) IS
     'Puts back the sequence default or identity a converted key column had, with every column converted from the same sequence, the sequence set above their values; returns the highest';
+
+-- 0.5.0 (#50): public IDs (src/public_ids.rs).
+CREATE  FUNCTION pgticket."public_id"(
+	"id" bigint, /* i64 */
+	"key" text /* Name < '_ > */
+) RETURNS TEXT /* String */
+STRICT STABLE PARALLEL RESTRICTED 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'public_id_wrapper';
+CREATE  FUNCTION pgticket."private_id"(
+	"form" TEXT, /* &str */
+	"key" text /* Name < '_ > */
+) RETURNS bigint /* i64 */
+STRICT STABLE PARALLEL RESTRICTED 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'private_id_wrapper';
+CREATE  FUNCTION pgticket."create_public_key"(
+	"name" text /* Option < Name < '_ > > */
+) RETURNS INT /* i32 */
+VOLATILE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'create_public_key_wrapper';
+CREATE  FUNCTION pgticket."retire_public_key"(
+	"name" text, /* Option < Name < '_ > > */
+	"version" INT /* Option < i32 > */
+) RETURNS bool /* bool */
+VOLATILE 
+LANGUAGE c /* Rust */
+AS 'MODULE_PATHNAME', 'retire_public_key_wrapper';
+-- 0.5.0 (#50): the keys of public IDs, each version 32 bytes from the
+-- server's strong random source. Readable by the extension's owner only;
+-- dumped (a restore keeps the forms readable): a dump holds the keys.
+CREATE TABLE pgticket.public_keys (
+    name text COLLATE "C" NOT NULL,
+    version integer NOT NULL CHECK (version > 0),
+    key bytea NOT NULL CHECK (pg_catalog.octet_length(key) OPERATOR(pg_catalog.=) 32),
+    created_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    retired_at timestamptz,
+    PRIMARY KEY (name, version)
+);
+COMMENT ON TABLE pgticket.public_keys IS
+    'The keys of public IDs (pgticket.public_id, pgticket.private_id): each version of each named key, its creation and retirement';
+REVOKE ALL ON pgticket.public_keys FROM PUBLIC;
+SELECT pg_catalog.pg_extension_config_dump('pgticket.public_keys', '');
+CREATE FUNCTION pgticket.public_keys_changed() RETURNS trigger
+    LANGUAGE c AS 'MODULE_PATHNAME', 'rights_changed_wrapper';
+REVOKE ALL ON FUNCTION pgticket.public_keys_changed() FROM PUBLIC;
+COMMENT ON FUNCTION pgticket.public_keys_changed() IS
+    'Trigger: a change of pgticket.public_keys reaches every session';
+CREATE TRIGGER changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgticket.public_keys
+    FOR EACH STATEMENT EXECUTE FUNCTION pgticket.public_keys_changed();
+ALTER TABLE pgticket.public_keys ENABLE ALWAYS TRIGGER changed;
+-- A dump restored into the database it came from: a key version there
+-- already is skipped (the same secret).
+CREATE TRIGGER keeps_present BEFORE INSERT ON pgticket.public_keys
+    FOR EACH ROW EXECUTE FUNCTION pgticket.merge_loaded_row();
+ALTER TABLE pgticket.public_keys ENABLE ALWAYS TRIGGER keeps_present;
+ALTER TABLE pgticket.rights DROP CONSTRAINT rights_kind_check;
+ALTER TABLE pgticket.rights ADD CONSTRAINT rights_kind_check CHECK (kind IN ('scope', 'block', 'public_key'));
+CREATE OR REPLACE VIEW pgticket.scope_grants AS
+    SELECT role, kind,
+           CASE WHEN kind OPERATOR(pg_catalog.=) 'scope' THEN queue END AS queue,
+           CASE WHEN kind OPERATOR(pg_catalog.=) 'scope' THEN domain END AS domain,
+           CASE WHEN kind OPERATOR(pg_catalog.=) 'block' THEN queue END AS block_name,
+           CASE WHEN kind OPERATOR(pg_catalog.=) 'public_key' THEN queue END AS public_key
+      FROM pgticket.rights;
+CREATE FUNCTION pgticket.grant_public_key(role regrole, name text) RETURNS boolean
+VOLATILE SECURITY DEFINER LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pgticket.change_right(true, role, 'public_key', name, NULL) $$;
+CREATE FUNCTION pgticket.revoke_public_key(role regrole, name text) RETURNS boolean
+VOLATILE SECURITY DEFINER LANGUAGE sql SET search_path = pg_catalog, pg_temp
+AS $$ SELECT pgticket.change_right(false, role, 'public_key', name, NULL) $$;
+COMMENT ON FUNCTION pgticket.grant_public_key(regrole, text) IS
+    'Lets role encode and decode public IDs with key name (a trailing * is a prefix); true if new';
+COMMENT ON FUNCTION pgticket.revoke_public_key(regrole, text) IS
+    'Removes the grant pgticket.grant_public_key(role, name) made; true if there was one';
+REVOKE EXECUTE ON FUNCTION pgticket.grant_public_key(regrole, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgticket.revoke_public_key(regrole, text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgticket.create_public_key(text) FROM PUBLIC;
+REVOKE EXECUTE ON FUNCTION pgticket.retire_public_key(text, integer) FROM PUBLIC;
+COMMENT ON FUNCTION pgticket.public_id(bigint, text) IS
+    'The public form of id under key (15 characters, Crockford base 32): a keyed permutation (FF1 over AES-256), reversible only with the key';
+COMMENT ON FUNCTION pgticket.private_id(text, text) IS
+    'The id whose public form under key is form; a mistyped form or another key''s is refused (22P02)';
+COMMENT ON FUNCTION pgticket.create_public_key(text) IS
+    'Admin: a new version of public key name (the first makes it), from the server''s strong random source; it encodes from now on, older live versions still decode; the version';
+COMMENT ON FUNCTION pgticket.retire_public_key(text, integer) IS
+    'Admin: that version of public key name no longer decodes; true if it was live';

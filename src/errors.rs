@@ -104,6 +104,13 @@ pub enum TicketError {
     /// A state table that cannot be used as it is (unlogged, moved).
     #[error("{0}")]
     StateTableUnfit(String),
+    /// A public ID that does not read (#50): mistyped, or another key's.
+    #[error("invalid public ID {form:?}: {error}")]
+    PublicId { form: String, error: ticket_core::public_id::PublicIdError },
+    #[error("public key {name:?} does not exist{}", if *.retired { " (every version of it is retired)" } else { "" })]
+    NoPublicKey { name: String, retired: bool },
+    #[error("permission denied for public key {name:?}: no grant covers it for role {role}")]
+    NoKeyRight { name: String, role: String },
 }
 
 /// A shard's clock or mark trouble is the snowflake generator's.
@@ -176,6 +183,9 @@ impl TicketError {
             TicketError::BadConfiguration(_) => ERRCODE_CONFIG_FILE_ERROR,
             TicketError::InScope { error, .. } => return error.sqlstate(),
             TicketError::TooManyScopes { .. } => ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
+            TicketError::PublicId { .. } => ERRCODE_INVALID_TEXT_REPRESENTATION,
+            TicketError::NoPublicKey { .. } => ERRCODE_UNDEFINED_OBJECT,
+            TicketError::NoKeyRight { .. } => ERRCODE_INSUFFICIENT_PRIVILEGE,
         }
     }
 
@@ -279,6 +289,10 @@ impl TicketError {
                 "pg_ticket.scope_rights is on: an administrator grants a scope with pgticket.grant_scope(role, queue, domain) and a block name with pgticket.grant_block(role, name); pgticket.scope_grants lists the grants.",
             ),
             TicketError::InScope { error, .. } => error.hint(),
+            TicketError::NoKeyRight { .. } => Some(
+                "An administrator grants the key with pgticket.grant_public_key(role, name) (a key is a secret: no role may use one it was not granted, whatever pg_ticket.scope_rights says).",
+            ),
+            TicketError::NoPublicKey { .. } => Some("An administrator makes it with SELECT pgticket.create_public_key(name) (docs/public-ids.md)."),
             _ => None,
         }
     }

@@ -44,6 +44,8 @@
 //!   and back (SPEC §19.4), SQL only.
 //! - `replicated`: rows replicated from another primary of a group merge
 //!   (SPEC §19): a series' mark never goes back, a node's own state stays.
+//! - `public_ids`: public IDs (#50): keys, grants, `public_id` and
+//!   `private_id` over `ticket-core`'s cipher.
 //! - `status`: the `pgticket.status` view.
 //! - `pg_tests`: the pgrx tests, run in a server by `make test-pgrx`.
 //! - this file: `_PG_init`, the start-up wiring.
@@ -61,6 +63,7 @@ mod group;
 mod leases;
 mod loads;
 mod names;
+mod public_ids;
 mod quota;
 mod refusals;
 mod replicated;

@@ -65,6 +65,13 @@ fn merge_loaded_row<'a>(trigger: &'a pgrx::PgTrigger<'a>) -> Result<Option<PgHea
             // Records that are there already: the same record.
             b"id_space" => return already_there(this, whole_row(), "id_space", &["epoch_ms", "machine_bits", "recorded_at"], None).then_some(()),
             b"rights" => return already_there(this, whole_row(), "rights", &["role", "kind", "queue", "domain"], None).then_some(()),
+            // A key version that is there already: the same secret (another
+            // one under its name and version is refused by the key), retired
+            // if either copy was.
+            b"public_keys" => {
+                let merge = "retired_at = LEAST(t.retired_at, r.retired_at)";
+                return already_there(this, whole_row(), "public_keys", &["name", "version", "key"], Some(merge)).then_some(());
+            }
             // The registry's identity: the longest ttl and margin it allowed.
             b"lease_registry" => {
                 let keys = ["system_identifier", "timeline", "database_oid", "grants_from"];

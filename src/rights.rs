@@ -130,6 +130,16 @@ pub fn check(kind: RightKind, queue: Name<'_>, domain: Name<'_>, label: impl FnO
     Err(TicketError::NoScopeRight { scope: label(), role: crate::quota::role_name(role) })
 }
 
+/// May the current user encode and decode with public key `name`? Always
+/// asked (a key is a secret); superusers and the state tables' owners may.
+pub fn check_key(name: Name<'_>) -> Result<(), TicketError> {
+    let role = crate::xact::current_user();
+    if allowed(role, RightKind::PublicKey, name.bytes(), b"") {
+        return Ok(());
+    }
+    Err(TicketError::NoKeyRight { name: name.display(), role: crate::quota::role_name(role) })
+}
+
 /// Everything a decision depends on besides the scope: the user, the
 /// roles and memberships (`ROLE_CHANGES`) and the grants (the state
 /// tables' generation; None while none are cached). A scope permitted
@@ -299,6 +309,7 @@ fn may_allocate(kind: Option<&str>, queue: Option<Name<'_>>, domain: Option<Name
             (RightKind::Block, None) => Name(b""),
             // A block name has no domain: one given is a mistake (the
             // answer would not be about it).
+            (RightKind::PublicKey, _) => unreachable!("not a kind of may_allocate"),
             (RightKind::Block, Some(_)) => TicketError::InvalidArgument(
                 "kind 'block' asks about a block name, given as queue: domain must be NULL".into(),
             )

@@ -43,6 +43,8 @@ pub struct Tables {
     pub rights: Option<Table>,
     /// The nodes of a group of primaries this database knows (0.5.0).
     pub nodes: Option<Table>,
+    /// The keys of public IDs (0.5.0).
+    pub public_keys: Option<Table>,
     /// The tables have the `max_mark` column of 0.2.0. Without it they are
     /// 0.1.0's, not yet updated, and every limit is 2^63-1: the library
     /// serves both.
@@ -149,7 +151,7 @@ pub fn lookup() -> Option<Tables> {
         )?;
         let (mut scoped_counters, mut blocks, mut tickets, mut machine_id_leases, mut id_space, mut scope_quota, mut rights, mut has_limits) =
             (None, None, None, None, None, None, None, false);
-        let (mut nodes, mut has_home) = (None, false);
+        let (mut nodes, mut public_keys, mut has_home) = (None, None, false);
         for row in rows {
             let name: String = row.get(1)?.unwrap_or_default();
             let table = Table { oid: row.get(2)?.expect("oid"), owner: row.get(3)?.expect("relowner") };
@@ -165,6 +167,7 @@ pub fn lookup() -> Option<Tables> {
                     has_home = row.get::<bool>(8)?.unwrap_or(false);
                 }
                 "nodes" => nodes = Some(table),
+                "public_keys" => public_keys = Some(table),
                 "blocks" => blocks = Some(table),
                 "tickets" => tickets = Some(table),
                 "machine_id_leases" => machine_id_leases = Some(table),
@@ -176,7 +179,7 @@ pub fn lookup() -> Option<Tables> {
         }
         Ok::<_, pgrx::spi::Error>(match (scoped_counters, blocks) {
             (Some(scoped_counters), Some(blocks)) => {
-                Some(Tables { scoped_counters, blocks, tickets, machine_id_leases, id_space, scope_quota, rights, nodes, has_limits, has_home })
+                Some(Tables { scoped_counters, blocks, tickets, machine_id_leases, id_space, scope_quota, rights, nodes, public_keys, has_limits, has_home })
             }
             _ => None,
         })
@@ -282,7 +285,7 @@ unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid:
         MISSED_WHILE_LOOKING.set(Some(n + 1));
     }
     if let Some(t) = CACHE.get() {
-        let ours = [Some(t.scoped_counters), Some(t.blocks), t.tickets, t.machine_id_leases, t.id_space, t.scope_quota, t.rights, t.nodes];
+        let ours = [Some(t.scoped_counters), Some(t.blocks), t.tickets, t.machine_id_leases, t.id_space, t.scope_quota, t.rights, t.nodes, t.public_keys];
         // A table found missing may come back (renamed back, re-added to
         // the extension) under an OID we do not know: any change looks again.
         let incomplete = ours.iter().any(Option::is_none);

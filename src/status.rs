@@ -182,7 +182,7 @@ fn marks_rows() -> TableIterator<
                 }
                 let remaining = max_mark.saturating_sub(mark);
                 rows.push(match right {
-                    RightKind::Block => (kind.to_string(), None, None, Some(Text(a)), mark, remaining, max_mark),
+                    RightKind::Block | RightKind::PublicKey => (kind.to_string(), None, None, Some(Text(a)), mark, remaining, max_mark),
                     RightKind::Scope => (kind.to_string(), Some(Text(a)), b.map(Text), None, mark, remaining, max_mark),
                 });
             }

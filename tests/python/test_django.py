@@ -236,6 +236,9 @@ def test_snowflake_keys_made_in_the_process_and_by_the_database(django_db):
     parent_machine = pg_ticket.decode(made[0], ids._generator.machine_bits, ids._generator.epoch_ms)[1]
     inherited = ids._generator
     read, write = os.pipe()
+    # Forked while another thread holds the recipe's lock (helper-11: the
+    # child waited on it for ever).
+    ids._lock.acquire()
     child = os.fork()
     if child == 0:
         try:
@@ -247,8 +250,15 @@ def test_snowflake_keys_made_in_the_process_and_by_the_database(django_db):
             os.write(write, f"{forked} {ids.next_id()} {ids._generator.machine_id}".encode())
         finally:
             os._exit(0)
+    ids._lock.release()
     os.close(write)
+    import select
+
+    answered, _, _ = select.select([read], [], [], 60)
+    if not answered:
+        os.kill(child, 9)
     os.waitpid(child, 0)
+    assert answered, "the child made its ID"
     with os.fdopen(read) as answer:
         forked, child_id, child_machine = answer.read().split()
     assert forked == "yes", "the parent's generator refuses in the child"

@@ -42,6 +42,18 @@ def test_pools_in_threads_share_no_id(registry):
     assert len(every) == 20_000 and len(set(every)) == 20_000
 
 
+def test_a_name_the_server_refuses_for_good_ends_the_wait_at_once(registry):
+    """helper-11 (#48): 128 two-byte characters pass the client's check (a
+    LATIN1 server would take them) but are 256 bytes here: next_id said so
+    only after its whole wait, every call."""
+    with pg_ticket.BlockPool(registry.dsn, "\u00e9" * 128, 10, wait=30.0) as pool:
+        for _ in range(2):
+            started = time.monotonic()
+            with pytest.raises(pg_ticket.BlocksExhausted, match="255 bytes"):
+                pool.next_id()
+            assert time.monotonic() - started < 5
+
+
 def test_a_pool_without_a_server_gives_up_after_its_wait():
     with pytest.raises(pg_ticket.InvalidConfig):
         pg_ticket.BlockPool("host=/nowhere", "x", 0)

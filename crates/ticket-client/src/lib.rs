@@ -51,6 +51,13 @@ pub use ticket_core::snowflake::{IdSpace, Layout, Parts, SnowflakeError};
 /// (FNV-1a 64 of the key's bytes, modulo the count), and the parts of a
 /// sharded ID: an application finds a row's shard without asking.
 pub use ticket_core::sharded::{decompose as decompose_sharded, shard_of, ShardedParts};
+/// Public IDs (docs/public-ids.md): the server's `pgticket.public_id` and
+/// `pgticket.private_id` without a round trip, given a key version's 32
+/// bytes (`pgticket.public_keys`). The same vectors hold in SQL, Rust and
+/// Python.
+pub mod public_id {
+    pub use ticket_core::public_id::{PublicIdError, PublicKey, FORM_LEN, KEY_LEN};
+}
 
 /// Everything the client refuses with. No variant ever comes with an ID.
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +105,18 @@ mod tests {
         assert!(bad.to_string().contains("not a duration"), "{bad}");
         let stats = serde_json::to_value(PoolStats { blocks_reserved: 2, ..PoolStats::default() }).unwrap();
         assert_eq!(stats["blocks_reserved"], 2);
+    }
+
+    /// The vectors of `ticket_core::public_id`, SQL's and Python's.
+    #[test]
+    fn public_ids_match_the_shared_vectors() {
+        let key: Vec<u8> = (0u8..32).collect();
+        let k = crate::public_id::PublicKey::new(1, &key).unwrap();
+        for (id, form) in [(0i64, "01AHN4TC7RHJWK0"), (42, "0F8R8BWDRQ5F6SB"), (i64::MAX, "0N1K0PTREZBAR34"), (i64::MIN, "05JNEXGYWDHWZ83")] {
+            assert_eq!(k.encode(id), form);
+            assert_eq!(k.decode(&form.to_lowercase()), Ok(id));
+        }
+        assert!(k.decode("01AHN4TC7RHJWK1").is_err(), "a changed check character");
     }
 
     #[test]

@@ -146,6 +146,11 @@ struct State {
     ahead: Option<Block>,
     stop: bool,
     last_error: Option<String>,
+    /// The server's last answer was a refusal that will not change by
+    /// itself (a name or size it does not take, no right): `next_id` says
+    /// so at once instead of waiting (helper-11, #48). The fetcher asks
+    /// again every second, for a grant made meanwhile.
+    refused: bool,
     stats: PoolStats,
 }
 
@@ -203,7 +208,7 @@ impl BlockPool {
             }
             self.shared.changed.notify_all();
             let waited = started.elapsed();
-            if waited >= self.shared.config.wait_timeout {
+            if waited >= self.shared.config.wait_timeout || st.refused {
                 return Err(ClientError::BlocksExhausted {
                     name: self.shared.config.name.clone(),
                     waited_ms: waited.as_millis() as u64,
@@ -249,6 +254,14 @@ impl Drop for BlockPool {
     }
 }
 
+/// A server's answer to `reserve_block` that asking again will not change:
+/// the name or size refused (22023, 2200H: the name is spent), a character
+/// its encoding cannot hold (22P05, 22021), no right (42501), pg_ticket
+/// missing (42883, 3F000).
+fn refused_for_good(e: &CallError) -> bool {
+    matches!(e.code(), Some("22023" | "2200H" | "22P05" | "22021" | "42501" | "42883" | "3F000"))
+}
+
 struct Fetcher {
     shared: Arc<Shared>,
     conn: Option<Conn>,
@@ -284,10 +297,12 @@ impl Fetcher {
                 }
                 let mut st = self.shared.lock();
                 st.last_error = Some(e.message());
+                st.refused = refused_for_good(&e);
                 if lost_reply {
                     st.stats.lost_replies += 1;
                 }
-                let pause = self.shared.config.retry_interval;
+                let pause = if st.refused { self.shared.config.retry_interval.max(Duration::from_secs(1)) } else { self.shared.config.retry_interval };
+                self.shared.changed.notify_all();
                 if !st.stop {
                     drop(self.shared.changed.wait_timeout(st, pause));
                 }
@@ -343,6 +358,7 @@ impl Fetcher {
         let mut st = self.shared.lock();
         st.stats.blocks_reserved += 1;
         st.last_error = None;
+        st.refused = false;
         if st.current.is_none_or(|b| b.left() == 0) {
             st.current = Some(block);
         } else {

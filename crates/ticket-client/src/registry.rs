@@ -131,6 +131,8 @@ pub fn permanent_refusal(e: &CallError) -> Option<String> {
             "{message}: pg_ticket's registry functions are not there (CREATE EXTENSION pg_ticket, or ALTER EXTENSION pg_ticket UPDATE, in the registry's database)"
         )),
         "55000" if message.contains("not installed") => Some(message),
+        // A holder the registry's encoding cannot store (helper-11, #48).
+        "22P05" | "22021" => Some(format!("{message}: the holder's name has a character the registry's database encoding cannot store")),
         INVALID_PARAMETER_VALUE if !ttl_refused(e) => Some(message),
         _ => None,
     }

@@ -24,6 +24,8 @@ pub enum CounterError {
     NameTooLong { what: &'static str, len: usize },
     #[error("{what} contains a NUL character, which PostgreSQL's text cannot hold")]
     NulInName { what: &'static str },
+    #[error("{what} is {chars} characters long; no server takes more than {MAX_NAME_BYTES} (the limit is {MAX_NAME_BYTES} bytes in its encoding)")]
+    NameTooManyCharacters { what: &'static str, chars: usize },
     #[error("block size must be at least 1, got {0}")]
     SizeNotPositive(i64),
     #[error("block size {0} is larger than the limit of {MAX_BLOCK_SIZE}")]
@@ -125,8 +127,9 @@ pub fn check_client_name(what: &'static str, name: &str) -> Result<(), CounterEr
     if name.contains('\0') {
         return Err(CounterError::NulInName { what });
     }
-    if name.chars().count() > MAX_NAME_BYTES {
-        return Err(CounterError::NameTooLong { what, len: name.len() });
+    let chars = name.chars().count();
+    if chars > MAX_NAME_BYTES {
+        return Err(CounterError::NameTooManyCharacters { what, chars });
     }
     Ok(())
 }
@@ -206,7 +209,7 @@ mod tests {
         // A client's check: what every server refuses, before any wait.
         assert_eq!(check_client_name("name", ""), Err(CounterError::EmptyName { what: "name" }));
         assert_eq!(check_client_name("holder", "a\0b"), Err(CounterError::NulInName { what: "holder" }));
-        assert_eq!(check_client_name("name", &"x".repeat(256)), Err(CounterError::NameTooLong { what: "name", len: 256 }));
+        assert_eq!(check_client_name("name", &"x".repeat(256)), Err(CounterError::NameTooManyCharacters { what: "name", chars: 256 }));
         assert_eq!(check_client_name("name", &"x".repeat(255)), Ok(()));
         // 255 characters of two bytes each: a LATIN1 server holds them in 255.
         assert_eq!(check_client_name("name", &"\u{e9}".repeat(255)), Ok(()));

@@ -15,6 +15,17 @@ pub enum RightKind {
     Scope,
     /// A block name (its domain pattern is `*`).
     Block,
+    /// A public-ID key's name (0.5.0; its domain pattern is `*`): who may
+    /// encode and decode with it. Always asked, whatever
+    /// `pg_ticket.scope_rights` says: a key is a secret.
+    PublicKey,
+}
+
+impl RightKind {
+    /// A kind whose grants name one thing, with no domain.
+    pub fn has_domain(self) -> bool {
+        self == RightKind::Scope
+    }
 }
 
 impl RightKind {
@@ -22,6 +33,7 @@ impl RightKind {
         match self {
             RightKind::Scope => "scope",
             RightKind::Block => "block",
+            RightKind::PublicKey => "public_key",
         }
     }
 
@@ -29,6 +41,7 @@ impl RightKind {
         match name {
             "scope" => Some(RightKind::Scope),
             "block" => Some(RightKind::Block),
+            "public_key" => Some(RightKind::PublicKey),
             _ => None,
         }
     }
@@ -53,7 +66,7 @@ pub fn pattern_covers(pattern: &[u8], name: &[u8]) -> bool {
 
 impl ScopeGrant {
     pub fn covers(&self, kind: RightKind, queue: &[u8], domain: &[u8]) -> bool {
-        self.kind == kind && pattern_covers(&self.queue, queue) && (kind == RightKind::Block || pattern_covers(&self.domain, domain))
+        self.kind == kind && pattern_covers(&self.queue, queue) && (!kind.has_domain() || pattern_covers(&self.domain, domain))
     }
 }
 
@@ -100,7 +113,7 @@ impl GrantIndex {
 
     pub fn covers(&self, kind: RightKind, queue: &[u8], domain: &[u8]) -> bool {
         let exact_queue = self.by_queue.get(&(kind, queue.to_vec())).is_some_and(|d| {
-            kind == RightKind::Block || d.exact.contains(domain) || d.prefixes.iter().any(|p| domain.starts_with(p))
+            !kind.has_domain() || d.exact.contains(domain) || d.prefixes.iter().any(|p| domain.starts_with(p))
         });
         exact_queue || self.queue_prefixes.iter().any(|g| g.covers(kind, queue, domain))
     }
@@ -141,6 +154,10 @@ mod tests {
         let block = grant(RightKind::Block, "batch-*", "*");
         assert!(block.covers(RightKind::Block, b"batch-7", b""));
         assert!(!block.covers(RightKind::Scope, b"batch-7", b"d"));
+        let key = grant(RightKind::PublicKey, "receipts", "*");
+        assert!(key.covers(RightKind::PublicKey, b"receipts", b""));
+        assert!(!key.covers(RightKind::Block, b"receipts", b""), "a key grant is not a block grant");
+        assert!(!block.covers(RightKind::PublicKey, b"batch-7", b""), "nor a block grant a key grant");
     }
 
     #[test]

@@ -340,6 +340,33 @@ impl BlockPool {
     }
 }
 
+/// A version of a public-ID key (docs/public-ids.md): the server's
+/// `pgticket.public_id` / `pgticket.private_id` without a round trip.
+#[pyclass(frozen, module = "pg_ticket")]
+struct PublicKey {
+    key: ticket_core::public_id::PublicKey,
+}
+
+#[pymethods]
+impl PublicKey {
+    #[new]
+    #[pyo3(signature = (key, version = 1))]
+    fn new(key: &[u8], version: i64) -> PyResult<Self> {
+        let key = ticket_core::public_id::PublicKey::new(version, key).map_err(|e| pyo3::exceptions::PyValueError::new_err(e.to_string()))?;
+        Ok(PublicKey { key })
+    }
+
+    /// The public form of `id` (a 64-bit signed integer).
+    fn encode(&self, id: i64) -> String {
+        self.key.encode(id)
+    }
+
+    /// The ID of `form`; ValueError for a mistyped form or another key's.
+    fn decode(&self, form: &str) -> PyResult<i64> {
+        self.key.decode(form).map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("invalid public ID {form:?}: {e}")))
+    }
+}
+
 /// (timestamp in Unix ms, machine id, sequence) of a snowflake ID in the
 /// layout of `machine_bits` and the epoch `epoch` (pg_ticket.epoch's
 /// syntax), read exactly as the server's snowflake_decode reads it.
@@ -361,6 +388,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     });
     m.add_class::<LeasedGenerator>()?;
     m.add_class::<BlockPool>()?;
+    m.add_class::<PublicKey>()?;
     m.add_function(wrap_pyfunction!(decode_ms, m)?)?;
     m.add("Error", py.get_type::<Error>())?;
     m.add("InvalidConfig", py.get_type::<InvalidConfig>())?;

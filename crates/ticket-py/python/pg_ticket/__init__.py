@@ -5,6 +5,8 @@
   checks: one implementation).
 - ``BlockPool``: IDs from blocks taken with ``reserve_block``.
 - ``decode``: an ID's time, machine id and sequence.
+- ``PublicKey``: an ID's public form under a key (docs/public-ids.md),
+  encoded and decoded as the server's ``pgticket.public_id`` does.
 - ``pg_ticket.django`` and ``pg_ticket.sqlalchemy``: the SQL allocators
   (``next_scoped_id``, ``reserve_block``) from those frameworks.
 
@@ -25,6 +27,7 @@ from ._native import (
     LeasedGenerator,
     LeaseLost,
     NoLease,
+    PublicKey,
     decode_ms,
 )
 
@@ -32,6 +35,7 @@ __all__ = [
     "LeasedGenerator",
     "BlockPool",
     "decode",
+    "PublicKey",
     "Error",
     "InvalidConfig",
     "NoLease",
