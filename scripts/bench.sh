@@ -102,6 +102,12 @@ for n in 10000 100000 1000000; do
     in_backend "nextval_$n" "$(calls "nextval('bench_seq')" $n)"
 done
 in_backend ticket_1000000 "$(calls "next_ticket('bulk', 'run-%RUN%')" 1000000)"
+# Public IDs (#50) against one cheap function per row, md5 of the ID's text.
+psql -c "SELECT pgticket.create_public_key('bench')" >/dev/null
+bench_form=$(psql -At -c "SELECT pgticket.public_id(31337, 'bench')")
+in_backend md5_1000000 "$(calls "md5(pg_backend_pid()::text)" 1000000)"
+in_backend public_id_1000000 "$(calls "pgticket.public_id(pg_backend_pid(), 'bench')" 1000000)"
+in_backend private_id_1000000 "$(calls "pgticket.private_id('$bench_form', 'bench')" 1000000)"
 # Sharded IDs: one shard in one backend (the layout's cap is 1 024 000/s),
 # then shards in parallel, one backend each, against snowflake_id() from as
 # many backends (one shared state).
@@ -278,6 +284,14 @@ cost() { awk -v off="$1" -v on="$2" 'BEGIN { printf "%+.1f%%", 100 * (on - off) 
     echo "Linearity: t(1M)/t(100k) = $(ratio "${ms[scoped_1000000]}" "${ms[scoped_100000]}") (bar ≤ 12); t(1M) / t(1M nextval) = $(ratio "${ms[scoped_1000000]}" "${ms[nextval_1000000]}") (bar ≤ 2)."
     echo
     echo "next_ticket() × 1M in one statement: ${ms[ticket_1000000]} ms = $(ratio "${ms[ticket_1000000]}" "${ms[nextval_1000000]}")× the time of 1M nextval() (bar ≤ 1.0)."
+    echo
+    echo "| public IDs × 1M in one statement (#50) | ms | per second | vs md5(id::text) |"
+    echo "|---|---|---|---|"
+    for k in md5 public_id private_id; do
+        echo "| ${k} | ${ms[${k}_1000000]} | $(rate 1000000 "${ms[${k}_1000000]}") | $(ratio "${ms[md5_1000000]}" "${ms[${k}_1000000]}")× the rate |"
+    done
+    echo
+    echo "(goal: public_id and private_id ≥ 1 M/s each; FF1's ten AES rounds are most of their time.)"
     echo
     echo "### pgbench, one ID per transaction (3 alternating pairs of ${seconds}s runs, -M prepared; one client on one CPU with its backend)"
     echo

@@ -567,6 +567,20 @@ COMMENT ON FUNCTION pgticket.join_group(text) IS
     'Announces this node in pgticket.nodes (its name, whether it creates new gap-free scopes, its allocators'' settings) to the group of primaries, renamed_from its former name if it was renamed; returns its name';
 COMMENT ON FUNCTION pgticket.move_home(text, text, text, text, bigint) IS
     'Moves the home node of a gap-free scope (kind scope) or block name (kind block, domain NULL) to node to_node: on its home, with its mark; elsewhere only with above, a value past all the old home committed';
+-- 0.5.0 (review of #47): subscriptions made before pg_ticket carry its
+-- state tables only after a refresh; until then the nodes do not hear of
+-- each other and each takes itself for a server alone.
+DO $$
+DECLARE
+    n bigint;
+BEGIN
+    SELECT pg_catalog.count(*) INTO n FROM pg_catalog.pg_subscription s
+     WHERE s.subdbid OPERATOR(pg_catalog.=) (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database());
+    IF n OPERATOR(pg_catalog.>) 0 THEN
+        RAISE WARNING 'pg_ticket: this database has % subscription(s) made before pg_ticket''s state tables: they carry them only after ALTER SUBSCRIPTION ... REFRESH PUBLICATION', n
+            USING HINT = 'In a group of primaries, refresh each subscription on every node (WITH (copy_data = false) where the nodes already hold the same rows), then SELECT pgticket.join_group() on every node (docs/multi-primary.md); a subscription to a one-way feed needs nothing.';
+    END IF;
+END $$;
 "#,
     name = "group",
     requires = ["by_replication", join_group, move_home, "schema"]

@@ -811,3 +811,42 @@ fn two_primaries_on_pglogical_allocate_at_once_and_converge() {
     b.stop();
     a.stop();
 }
+
+/// Review of #47 (helper-8): pg_ticket created after the subscriptions
+/// exist. They carry its state tables only after a refresh, and until then
+/// the nodes take themselves for servers alone (each created the same
+/// scope). CREATE EXTENSION says so; refreshed, the group's rule holds.
+#[test]
+fn pg_ticket_created_after_the_subscriptions_says_to_refresh_them() {
+    let (a, b) = (start("mp-late-a", 55665, 1, 1), start("mp-late-b", 55667, 2, 2));
+    for node in [&a, &b] {
+        let mut admin = node.connect();
+        admin.batch_execute(&format!("DROP DATABASE IF EXISTS {DB} WITH (FORCE)")).unwrap();
+        admin.batch_execute(&format!("CREATE DATABASE {DB}")).unwrap();
+    }
+    let mut on_a = a.connect_as("postgres", DB);
+    on_a.batch_execute("CREATE TABLE items (id bigint PRIMARY KEY, node text NOT NULL); CREATE PUBLICATION everything FOR ALL TABLES").unwrap();
+    let warnings = std::sync::Arc::new(std::sync::Mutex::new(Vec::<(String, String)>::new()));
+    let seen = warnings.clone();
+    let mut config: postgres::Config = b.dsn_as("postgres", DB).parse().unwrap();
+    config.notice_callback(move |n| seen.lock().unwrap().push((n.message().to_string(), n.hint().unwrap_or_default().to_string())));
+    let mut on_b = config.connect(postgres::NoTls).unwrap();
+    on_b.batch_execute("CREATE TABLE items (id bigint PRIMARY KEY, node text NOT NULL)").unwrap();
+    subscribe(&mut on_b, "from_a", &a, "copy_data = false");
+    on_a.batch_execute(pg_ticket_integration::CREATE_EXTENSION).unwrap();
+    on_b.batch_execute(pg_ticket_integration::CREATE_EXTENSION).unwrap();
+    let said = warnings.lock().unwrap().clone();
+    assert!(
+        said.iter().any(|(m, h)| m.contains("1 subscription(s) made before") && m.contains("REFRESH PUBLICATION") && h.contains("join_group")),
+        "{said:?}"
+    );
+    // Before the refresh b hears nothing of pg_ticket's tables: alone.
+    on_b.query_one("SELECT snowflake_id()", &[]).expect("a server alone to pg_ticket");
+    on_b.batch_execute("ALTER SUBSCRIPTION from_a REFRESH PUBLICATION WITH (copy_data = false)").unwrap();
+    wait_for_sync(&mut on_b);
+    let (code, message, _) = refusal(on_b.query_one("SELECT snowflake_id()", &[]));
+    assert_eq!(code, "55000", "{message}");
+    drop((on_a, on_b));
+    b.stop();
+    a.stop();
+}
