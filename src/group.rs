@@ -83,17 +83,20 @@ fn me() -> Node {
     }
 }
 
-/// How many subscriptions of this database carry pg_ticket's state tables:
-/// native ones with a table of schema `pgticket` among their relations
-/// (a subscription to an unrelated feed is no group: review of #47, it
-/// refused every allocator for good), and every pglogical one (its
+/// How many subscriptions of this database bring other nodes' rows of
+/// `pgticket.nodes`: native ones with that table among their relations (a
+/// subscription to an unrelated feed is no group: review of #47, it
+/// refused every allocator for good; nor is a second subscription to a
+/// node for some of pg_ticket's tables without it, which refused for good
+/// too, counted as a node unheard of), and every pglogical one (its
 /// replication sets are the provider's to know).
 fn subscriptions(client: &pgrx::spi::SpiClient<'_>) -> Result<i64, pgrx::spi::Error> {
     let native: i64 = client
         .select(
             "SELECT pg_catalog.count(DISTINCT r.srsubid) FROM pg_catalog.pg_subscription_rel r \
                JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) r.srrelid \
-              WHERE c.relnamespace OPERATOR(pg_catalog.=) 'pgticket'::pg_catalog.regnamespace",
+              WHERE c.relnamespace OPERATOR(pg_catalog.=) 'pgticket'::pg_catalog.regnamespace \
+                AND c.relname OPERATOR(pg_catalog.=) 'nodes'::pg_catalog.name",
             None,
             &[],
         )?

@@ -406,7 +406,7 @@ fn refuse_if_advanced_here(hash: u64, queue: Name<'_>, domain: Name<'_>) {
     let here = ADVANCED.with(|a| a.get(&hash).is_some_and(|xids| xids.iter().any(|xid| is_current(*xid))));
     if here {
         TicketError::TicketsUnavailable(format!(
-            "this transaction moved the ticket scope ({}, {}) forward (pgticket.advance_ticket, or a number given to a trigger made with on_explicit => 'advance'), which holds it until the commit; take tickets of it after the commit",
+            "this transaction moved the ticket scope ({}, {}) forward (pgticket.advance_ticket, pgticket.raise_ticket_floor, pgticket.convert_sequence, or a number given to a trigger made with on_explicit => 'advance'), which holds it until the commit; take tickets of it after the commit",
             queue.quoted(),
             domain.quoted()
         ))
@@ -437,7 +437,7 @@ fn wait_for_segment(i: usize, generation: u64, db: u32, deadline: Instant, queue
         if now >= deadline {
             unsafe { pg_sys::ConditionVariableCancelSleep() };
             let why = if busy {
-                "its row in pgticket.tickets is locked by another transaction (one that moved the scope forward and has not ended: pgticket.advance_ticket, or a number given to a trigger made with on_explicit => 'advance'; pg_locks and pg_prepared_xacts show it)".to_string()
+                "its row in pgticket.tickets is locked by another transaction (one that moved the scope forward and has not ended: pgticket.advance_ticket, pgticket.raise_ticket_floor, pgticket.convert_sequence, or a number given to a trigger made with on_explicit => 'advance'; pg_locks and pg_prepared_xacts show it)".to_string()
             } else if let Some(waited_ms) = worker::commit_wait_ms(db) {
                 format!(
                     "the ticket worker of this database has been waiting {} for its commit to be confirmed by the synchronous standbys (synchronous_standby_names): a standby is gone or slow",

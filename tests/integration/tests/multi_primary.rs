@@ -392,6 +392,18 @@ fn a_gap_free_scope_has_one_home_in_a_group_and_moves_by_a_handover() {
             db.query_one("SELECT count(*) FROM pgticket.nodes", &[]).unwrap().get::<_, i64>(0) == 2
         });
     }
+    // A second subscription to a node, for some of pg_ticket's tables but
+    // not pgticket.nodes, is no node unheard of (helper-10: every allocator
+    // refused for good, 'subscribes to 2 publication(s) but knows 1').
+    on_a.batch_execute("CREATE PUBLICATION side FOR TABLE pgticket.blocks").unwrap();
+    on_b.batch_execute(&format!(
+        "CREATE SUBSCRIPTION b_side CONNECTION '{}' PUBLICATION side WITH (copy_data = false, origin = none)",
+        a.dsn_as("postgres", DB)
+    ))
+    .unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    on_b.query_one("SELECT snowflake_id()", &[]).expect("still a node of a pair");
+    on_b.batch_execute("DROP SUBSCRIPTION b_side").unwrap();
     let last: i64 = on_a.query_one("INSERT INTO items SELECT snowflake_id(), 'a' RETURNING id", &[]).unwrap().get(0);
     wait_for_row(&mut on_b, last);
     let last: i64 = on_b.query_one("INSERT INTO items SELECT snowflake_id(), 'b' RETURNING id", &[]).unwrap().get(0);
@@ -530,6 +542,74 @@ fn a_sequence_converts_to_tickets_or_snowflakes_while_inserts_run_and_back() {
     let next: i64 = db.query_one("INSERT INTO right_side (note) VALUES ('reverted') RETURNING id", &[]).unwrap().get(0);
     assert_eq!(next, 1000001, "a sequence ahead of its tables is not set back");
 
+    // Review of #47 (helper-10). A view whose column takes values from the
+    // sequence is not read: its function ran as the caller (a superuser
+    // made of whoever could create a view, a temporary one too).
+    db.batch_execute(
+        "CREATE TABLE ran (x int);
+         CREATE FUNCTION side_effect() RETURNS bigint LANGUAGE sql AS 'INSERT INTO ran VALUES (1) RETURNING 1::bigint';
+         CREATE TABLE guarded (id bigserial PRIMARY KEY);
+         CREATE TEMP VIEW lure AS SELECT side_effect() AS id;
+         ALTER VIEW lure ALTER COLUMN id SET DEFAULT nextval('guarded_id_seq')",
+    )
+    .unwrap();
+    let err = db.query_one("SELECT pgticket.convert_sequence('guarded', 'id')", &[]).expect_err("a view takes part");
+    assert_eq!(err.code().map(|c| c.code()), Some("42809"), "{err:?}");
+    let ran: i64 = db.query_one("SELECT count(*) FROM ran", &[]).unwrap().get(0);
+    assert_eq!(ran, 0, "nothing of the view ran");
+    db.batch_execute("DROP VIEW lure").unwrap();
+    // The sequence is capped: a nextval() elsewhere fails instead of
+    // handing out a ticket's value; reverted, it goes on above the tickets.
+    db.query_one("SELECT pgticket.convert_sequence('guarded', 'id')", &[]).unwrap();
+    let ticket: i64 = db.query_one("INSERT INTO guarded DEFAULT VALUES RETURNING id", &[]).unwrap().get(0);
+    let err = db.query_one("SELECT nextval('guarded_id_seq')", &[]).expect_err("the sequence is capped");
+    assert_eq!(err.code().map(|c| c.code()), Some("2200H"), "{err:?}");
+    db.query_one("SELECT pgticket.revert_conversion('guarded', 'id')", &[]).unwrap();
+    let next: i64 = db.query_one("SELECT nextval('guarded_id_seq')", &[]).unwrap().get(0);
+    assert_eq!(next, ticket + 1);
+    // A sequence restarted ahead (not yet called): its restart point counts,
+    // and reverting never sets it back.
+    db.batch_execute("CREATE TABLE restarted (id bigserial PRIMARY KEY); ALTER SEQUENCE restarted_id_seq RESTART WITH 1000000").unwrap();
+    let floor: i64 = db.query_one("SELECT pgticket.convert_sequence('restarted', 'id')", &[]).unwrap().get(0);
+    assert_eq!(floor, 1000000);
+    db.batch_execute("INSERT INTO restarted DEFAULT VALUES").unwrap();
+    db.query_one("SELECT pgticket.revert_conversion('restarted', 'id')", &[]).unwrap();
+    let (top, next): (i64, i64) = {
+        let r = db.query_one("SELECT (SELECT max(id) FROM restarted), nextval('restarted_id_seq')", &[]).unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert!(top > 1000000 && next == top + 1, "{top} {next}");
+    // An inheritance child keeps its own default: reverted, it takes from
+    // the sequence again, not tickets (5 twice in the parent's scan).
+    db.batch_execute(
+        "CREATE TABLE family (id bigserial PRIMARY KEY, v text);
+         CREATE TABLE family_child () INHERITS (family); ALTER TABLE family_child ADD PRIMARY KEY (id);
+         INSERT INTO family (v) VALUES ('1'), ('2')",
+    )
+    .unwrap();
+    db.query_one("SELECT pgticket.convert_sequence('family', 'id')", &[]).unwrap();
+    db.batch_execute("INSERT INTO family_child (v) VALUES ('c1')").unwrap();
+    db.query_one("SELECT pgticket.revert_conversion('family', 'id')", &[]).unwrap();
+    db.batch_execute("INSERT INTO family_child (v) VALUES ('c2'); INSERT INTO family (v) SELECT 'p' || g FROM generate_series(1, 4) g").unwrap();
+    let (rows, distinct): (i64, i64) = {
+        let r = db.query_one("SELECT count(*), count(DISTINCT id) FROM family", &[]).unwrap();
+        (r.get(0), r.get(1))
+    };
+    assert_eq!(rows, distinct, "no key twice across parent and child");
+    let child_default: String = db
+        .query_one("SELECT pg_get_expr(adbin, adrelid) FROM pg_attrdef WHERE adrelid = 'family_child'::regclass", &[])
+        .unwrap()
+        .get(0);
+    assert!(child_default.starts_with("nextval("), "{child_default}");
+    // An identity's sequence another column also takes from: refused before
+    // anything changes (DROP IDENTITY failed half-way, or revert for good).
+    db.batch_execute("CREATE TABLE ident_a (id bigint GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY); CREATE TABLE ident_b (id bigint PRIMARY KEY DEFAULT nextval('ident_a_id_seq'))")
+        .unwrap();
+    for table in ["ident_a", "ident_b"] {
+        let err = db.query_one(&format!("SELECT pgticket.convert_sequence('{table}', 'id')"), &[]).expect_err("shared identity sequence");
+        assert_eq!(err.code().map(|c| c.code()), Some("55000"), "{table}: {err:?}");
+    }
+
     // A table's owner who may not administer pg_ticket is told so (not
     // "permission denied for table conversions").
     db.batch_execute(
@@ -542,7 +622,7 @@ fn a_sequence_converts_to_tickets_or_snowflakes_while_inserts_run_and_back() {
     let err = owner.query_one("SELECT pgticket.convert_sequence('owned', 'id')", &[]).expect_err("not an administrator");
     let e = err.as_db_error().unwrap();
     assert_eq!(e.code().code(), "42501");
-    assert!(e.hint().unwrap_or_default().contains("GRANT INSERT, DELETE ON pgticket.conversions"), "{e:?}");
+    assert!(e.hint().unwrap_or_default().contains("GRANT SELECT, INSERT, DELETE ON pgticket.conversions"), "{e:?}");
     drop(owner);
     drop(db);
     c.stop();
