@@ -463,7 +463,7 @@ STRICT STABLE PARALLEL RESTRICTED
 LANGUAGE c /* Rust */
 AS 'MODULE_PATHNAME', 'public_id_wrapper';
 CREATE  FUNCTION pgticket."private_id"(
-	"form" TEXT, /* &str */
+	"form" text, /* Name < '_ > */
 	"key" text /* Name < '_ > */
 ) RETURNS bigint /* i64 */
 STRICT STABLE PARALLEL RESTRICTED 
@@ -505,6 +505,11 @@ COMMENT ON FUNCTION pgticket.public_keys_changed() IS
 CREATE TRIGGER changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgticket.public_keys
     FOR EACH STATEMENT EXECUTE FUNCTION pgticket.public_keys_changed();
 ALTER TABLE pgticket.public_keys ENABLE ALWAYS TRIGGER changed;
+-- Rows applied by logical replication fire row triggers only (a retirement
+-- replicated from another node reached no session here).
+CREATE TRIGGER changed_row AFTER INSERT OR UPDATE OR DELETE ON pgticket.public_keys
+    FOR EACH ROW EXECUTE FUNCTION pgticket.public_keys_changed();
+ALTER TABLE pgticket.public_keys ENABLE ALWAYS TRIGGER changed_row;
 -- A dump restored into the database it came from: a key version there
 -- already is skipped (the same secret).
 CREATE TRIGGER keeps_present BEFORE INSERT ON pgticket.public_keys

@@ -59,20 +59,7 @@ fn versions(name: Name<'_>) -> Versions {
     if let Some(versions) = cached {
         return versions;
     }
-    let rows: Vec<(i64, Vec<u8>, bool)> = state_tables::as_owner_of(table(), || {
-        Spi::connect(|client| {
-            client
-                .select(
-                    "SELECT version::pg_catalog.int8, key, retired_at IS NOT NULL FROM pgticket.public_keys \
-                      WHERE name OPERATOR(pg_catalog.=) $1 ORDER BY version",
-                    None,
-                    &[name.to_datum()],
-                )?
-                .map(|row| Ok((row.get::<i64>(1)?.unwrap_or(0), row.get::<Vec<u8>>(2)?.unwrap_or_default(), row.get::<bool>(3)?.unwrap_or(true))))
-                .collect::<Result<Vec<_>, pgrx::spi::Error>>()
-        })
-    })
-    .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot read pgticket.public_keys: {e}"));
+    let rows = read_versions(name);
     let live: Vec<(i64, PublicKey)> = rows
         .iter()
         .filter(|(_, _, retired)| !retired)
@@ -98,6 +85,39 @@ fn versions(name: Name<'_>) -> Versions {
     versions
 }
 
+/// Every version of key `name` (version, key, retired), oldest first, as
+/// committed now: a self snapshot, not the transaction's (helper-12: under
+/// REPEATABLE READ a session read the versions as its snapshot had them,
+/// after the invalidation of a rotation or a retirement, and kept them for
+/// good); no SPI, so no setting or rule of anyone takes part.
+fn read_versions(name: Name<'_>) -> Vec<(i64, Vec<u8>, bool)> {
+    const NAME: i32 = 1;
+    const VERSION: i32 = 2;
+    const KEY: i32 = 3;
+    const RETIRED_AT: i32 = 5;
+    let mut rows = Vec::new();
+    state_tables::for_each_committed_row(table().oid, |tuple, desc| unsafe {
+        let column = |n: i32| {
+            let mut null = false;
+            let datum = pg_sys::heap_getattr(tuple, n, desc, &mut null);
+            (datum, null)
+        };
+        let (datum, null) = column(NAME);
+        if Name::from_datum(datum, null).is_none_or(|n| n.bytes() != name.bytes()) {
+            return;
+        }
+        let (version, null) = column(VERSION);
+        let (key, key_null) = column(KEY);
+        let (_, not_retired) = column(RETIRED_AT);
+        if !null {
+            let key: Option<Vec<u8>> = pgrx::FromDatum::from_datum(key, key_null);
+            rows.push((i64::from(version.value() as i32), key.unwrap_or_default(), !not_retired));
+        }
+    });
+    rows.sort_by_key(|(version, _, _)| *version);
+    rows
+}
+
 /// The public form of `id` under the newest live version of key `key`.
 #[pg_extern(stable, parallel_restricted, schema = "pgticket")]
 fn public_id(id: i64, key: Name<'_>) -> String {
@@ -111,9 +131,15 @@ fn public_id(id: i64, key: Name<'_>) -> String {
 /// The ID whose public form under key `key` is `form` (the version its form
 /// names); a mistyped form, or another key's, is refused (22P02).
 #[pg_extern(stable, parallel_restricted, schema = "pgticket")]
-fn private_id(form: &str, key: Name<'_>) -> i64 {
+fn private_id(form: Name<'_>, key: Name<'_>) -> i64 {
     crate::errors::postgres_errors_as_raised(|| {
         let versions = versions(name_arg("key", Some(key)));
+        // The database's bytes: outside UTF-8 (a LATIN1 database's é) no
+        // form either (helper-12: XX000 from a conversion to &str).
+        let shown = || form.display().chars().take(40).collect::<String>();
+        let Ok(form) = std::str::from_utf8(form.bytes()) else {
+            TicketError::PublicId { form: shown(), error: PublicIdError::Character(char::REPLACEMENT_CHARACTER) }.raise()
+        };
         let decoded = slot_in(form).and_then(|slot| {
             let (_, version) = versions.iter().find(|(v, _)| slot_of(*v).ok() == Some(slot)).ok_or(PublicIdError::Check)?;
             version.decode(form)
@@ -129,6 +155,11 @@ fn private_id(form: &str, key: Name<'_>) -> i64 {
 fn create_public_key(name: Option<Name<'_>>) -> i32 {
     crate::errors::postgres_errors_as_raised(|| {
         let name = name_arg("name", name);
+        // A grant's trailing * is a prefix: a key named so could not be
+        // granted alone (helper-12: 'pay*' also covered payroll).
+        if name.bytes().contains(&b'*') {
+            TicketError::InvalidArgument(format!("public key {}: a key's name has no *, which a grant reads as a prefix", name.quoted())).raise();
+        }
         crate::xact::check_writable().or_raise();
         // Two nodes of a group making one key's version would make two
         // keys under one name: made on the node that creates scopes.
@@ -140,28 +171,13 @@ fn create_public_key(name: Option<Name<'_>>) -> i32 {
         state_tables::as_owner_of(table(), || {
             Spi::connect_mut(|client| {
                 client.update("LOCK TABLE pgticket.public_keys IN SHARE ROW EXCLUSIVE MODE", None, &[])?;
-                let newest: i64 = client
-                    .select(
-                        "SELECT COALESCE(pg_catalog.max(version), 0)::pg_catalog.int8 FROM pgticket.public_keys WHERE name OPERATOR(pg_catalog.=) $1",
-                        None,
-                        &[name.to_datum()],
-                    )?
-                    .first()
-                    .get_one::<i64>()?
-                    .unwrap_or(0);
-                let version = newest + 1;
+                // As committed now, after the lock: a REPEATABLE READ
+                // snapshot missed a version made meanwhile (23505).
+                let versions = read_versions(name);
+                let version = versions.last().map_or(0, |(v, _, _)| *v) + 1;
                 let same_slot = version - i64::from(SLOTS);
-                let live_in_slot: i64 = client
-                    .select(
-                        "SELECT pg_catalog.count(*) FROM pgticket.public_keys WHERE name OPERATOR(pg_catalog.=) $1 \
-                            AND retired_at IS NULL AND version::pg_catalog.int8 OPERATOR(pg_catalog.<=) $2",
-                        None,
-                        &[name.to_datum(), same_slot.into()],
-                    )?
-                    .first()
-                    .get_one::<i64>()?
-                    .unwrap_or(0);
-                if live_in_slot > 0 {
+                let live_in_slot = versions.iter().any(|(v, _, retired)| !retired && *v <= same_slot);
+                if live_in_slot {
                     TicketError::InvalidArgument(format!(
                         "public key {} has {SLOTS} live versions, the most whose forms can be told apart: retire version {same_slot} or an older one first (pgticket.retire_public_key)",
                         name.quoted()
@@ -231,6 +247,11 @@ COMMENT ON FUNCTION pgticket.public_keys_changed() IS
 CREATE TRIGGER changed AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pgticket.public_keys
     FOR EACH STATEMENT EXECUTE FUNCTION pgticket.public_keys_changed();
 ALTER TABLE pgticket.public_keys ENABLE ALWAYS TRIGGER changed;
+-- Rows applied by logical replication fire row triggers only (a retirement
+-- replicated from another node reached no session here).
+CREATE TRIGGER changed_row AFTER INSERT OR UPDATE OR DELETE ON pgticket.public_keys
+    FOR EACH ROW EXECUTE FUNCTION pgticket.public_keys_changed();
+ALTER TABLE pgticket.public_keys ENABLE ALWAYS TRIGGER changed_row;
 -- A dump restored into the database it came from: a key version there
 -- already is skipped (the same secret).
 CREATE TRIGGER keeps_present BEFORE INSERT ON pgticket.public_keys

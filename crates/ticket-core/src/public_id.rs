@@ -45,7 +45,7 @@ pub enum PublicIdError {
     Length(usize),
     #[error("a public ID is written in Crockford's base-32 alphabet (0-9, A-Z without I, L, O, U; case-insensitive); {0:?} is not in it")]
     Character(char),
-    #[error("the public ID's check character does not match: it was mistyped, or made with another key")]
+    #[error("the public ID's check character does not match: it was mistyped, or made with another key or a retired version of this one")]
     Check,
     #[error("the public ID was not made with this key")]
     OtherKey,

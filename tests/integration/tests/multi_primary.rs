@@ -404,6 +404,23 @@ fn a_gap_free_scope_has_one_home_in_a_group_and_moves_by_a_handover() {
     std::thread::sleep(Duration::from_secs(1));
     on_b.query_one("SELECT snowflake_id()", &[]).expect("still a node of a pair");
     on_b.batch_execute("DROP SUBSCRIPTION b_side").unwrap();
+    // Public-ID keys are the group's: made on the node that creates, read
+    // on every node; a retirement replicated in reaches a session that used
+    // the key (helper-12: the apply fires no statement trigger).
+    on_a.batch_execute("SELECT pgticket.create_public_key('links'), pgticket.create_public_key('links')").unwrap();
+    let form: String = on_a.query_one("SELECT pgticket.public_id(99, 'links')", &[]).unwrap().get(0);
+    let mut decoded = None;
+    wait_until("the key reaches b", Duration::from_secs(30), || {
+        decoded = on_b.query_one("SELECT pgticket.private_id($1, 'links')", &[&form]).ok().map(|r| r.get::<_, i64>(0));
+        decoded.is_some()
+    });
+    assert_eq!(decoded, Some(99));
+    let (code, _, hint) = refusal(on_b.query_one("SELECT pgticket.create_public_key('mine')", &[]));
+    assert!(code == "55000" && hint.contains("\"a\""), "made on the node that creates: {code} {hint}");
+    on_a.batch_execute("SELECT pgticket.retire_public_key('links', 2)").unwrap();
+    wait_until("the retirement reaches b's session", Duration::from_secs(30), || {
+        on_b.query_one("SELECT pgticket.private_id($1, 'links')", &[&form]).is_err()
+    });
     let last: i64 = on_a.query_one("INSERT INTO items SELECT snowflake_id(), 'a' RETURNING id", &[]).unwrap().get(0);
     wait_for_row(&mut on_b, last);
     let last: i64 = on_b.query_one("INSERT INTO items SELECT snowflake_id(), 'b' RETURNING id", &[]).unwrap().get(0);

@@ -208,3 +208,45 @@ fn a_form_is_looked_up_by_the_primary_key_and_survives_a_dump_and_restore() {
     let versions: i64 = db.query_one("SELECT count(*) FROM pgticket.public_keys", &[]).unwrap().get(0);
     assert_eq!(versions, 1);
 }
+
+
+/// helper-12's review (#50), each failing on the previous commit: a
+/// REPEATABLE READ session kept the versions its snapshot saw after a
+/// retirement, for good; two REPEATABLE READ sessions making one key's
+/// next version hit 23505; a key named with a `*` could not be granted
+/// alone; a LATIN1 database's form outside UTF-8 was XX000.
+#[test]
+fn a_retirement_reaches_a_repeatable_read_session_and_odd_input_is_refused_plainly() {
+    let c = cluster();
+    let mut admin = c.fresh_db("pid_review");
+    admin.batch_execute("SELECT pgticket.create_public_key('rr')").unwrap();
+    let old: String = admin.query_one("SELECT pgticket.public_id(7, 'rr')", &[]).unwrap().get(0);
+    admin.batch_execute("SELECT pgticket.create_public_key('rr'); CREATE TABLE touched (x int)").unwrap();
+    let mut s1 = c.connect_as("postgres", "pid_review");
+    s1.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ").unwrap();
+    let id: i64 = s1.query_one("SELECT pgticket.private_id($1, 'rr')", &[&old]).unwrap().get(0);
+    assert_eq!(id, 7);
+    admin.batch_execute("SELECT pgticket.retire_public_key('rr', 1)").unwrap();
+    // A new lock takes in the invalidation; the keys are read again.
+    let _ = s1.query("SELECT count(*) FROM touched", &[]).unwrap();
+    let _ = s1.query_one("SELECT pgticket.private_id($1, 'rr')", &[&old]);
+    s1.batch_execute("ROLLBACK").unwrap();
+    assert_eq!(code(s1.query_one("SELECT pgticket.private_id($1, 'rr')", &[&old])), "22P02", "the retirement reached the session");
+
+    let mut s2 = c.connect_as("postgres", "pid_review");
+    s2.batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT 1").unwrap();
+    admin.batch_execute("SELECT pgticket.create_public_key('both')").unwrap();
+    let v: i32 = s2.query_one("SELECT pgticket.create_public_key('both')", &[]).unwrap().get(0);
+    assert_eq!(v, 2, "the version made meanwhile is seen");
+    s2.batch_execute("COMMIT").unwrap();
+
+    assert_eq!(code(admin.query_one("SELECT pgticket.create_public_key('pay*')", &[])), "22023");
+
+    let mut postgres = c.connect();
+    postgres.batch_execute("DROP DATABASE IF EXISTS pid_latin1 WITH (FORCE)").unwrap();
+    postgres.batch_execute("CREATE DATABASE pid_latin1 ENCODING 'LATIN1' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0").unwrap();
+    let mut latin1 = c.connect_as("postgres", "pid_latin1");
+    latin1.batch_execute(&format!("{}; SELECT pgticket.create_public_key('k')", pg_ticket_integration::CREATE_EXTENSION)).unwrap();
+    let err = latin1.query_one("SELECT pgticket.private_id(convert_from('\\xe9e9e9', 'LATIN1'), 'k')", &[]).expect_err("not a form");
+    assert_eq!(sqlstate(&err), "22P02", "{err:?}");
+}
