@@ -121,6 +121,7 @@ dist:
 # PostgreSQL 18 (uuidv7() is core), release build; BENCH_ROWS, BENCH_CLIENTS.
 bench-inserts: setup
 	$(MAKE) install PROFILE=release PG_VERSION=18 PG_CONFIG=$$(scripts/pg-config.sh 18)
+	cargo build --release -p ticket-client --example insert_leased
 	PG_CONFIG=$$(scripts/pg-config.sh 18) scripts/bench-inserts.sh
 
 # What a group of two primaries costs against one server alone (#47 item 7,

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make bench-inserts` (#49): IDs as primary keys under insert load, side by
-# side — identity, snowflake_id(), next_ticket(), sharded_id(), UUIDv4
-# (gen_random_uuid()), UUIDv7 (uuidv7(), PostgreSQL 18's) and the PL/pgSQL
-# snowflake people copy from gists. One table per kind
+# side — identity, snowflake_id(), next_ticket(), sharded_id(), IDs made by
+# the leased client (ticket-client's insert_leased example, sent as
+# parameters), UUIDv4 (gen_random_uuid()), UUIDv7 (uuidv7(), PostgreSQL
+# 18's) and the PL/pgSQL snowflake people copy from gists. One table per kind
 # (id PK, created_at timestamptz, payload text ~100 bytes), filled by
 # pgbench at BENCH_CLIENTS clients (default 8) in four quarters; every
 # quarter runs every kind in turn, so the machine's noise hits all of them.
@@ -13,7 +14,8 @@
 # Reports per kind: rows/s in the first and the last quarter (the cliff
 # when the index leaves the cache), final heap and index size, WAL bytes
 # per row, and for the PL/pgSQL recipe the IDs it handed out twice (its
-# table has a plain index, not a primary key, to count them).
+# table has a plain index, not a primary key, to count them); and a chart
+# of each quarter's rate over the table's size (scripts/bench-chart.py).
 #
 # Needs PostgreSQL 18 (PG_CONFIG) with the release build installed
 # (`make bench-inserts` does both). Knobs: BENCH_ROWS (rows per kind,
@@ -30,7 +32,7 @@ mkdir -p "$out/inserts"
 report="$out/inserts.md"
 
 "$root/scripts/cluster.sh" start "$dir" "$port" "shared_buffers = '32MB'" "max_wal_size = '4GB'" "checkpoint_timeout = '1h'" "autovacuum = off" "pg_ticket.shards = '0-7'" \
-    "max_connections = 100"
+    "max_connections = 100" "pg_ticket.lease_ids = '1-1023'"
 trap '"$root/scripts/cluster.sh" stop "$dir"' EXIT
 export PGHOST=$dir PGPORT=$port PGUSER=postgres PGDATABASE=postgres
 psql() { "$bindir/psql" -X -q -v ON_ERROR_STOP=1 "$@"; }
@@ -41,6 +43,9 @@ version=$(psql -At -c "SHOW server_version_num")
 psql <<'SQL'
 CREATE EXTENSION pg_ticket;
 SELECT pgticket.accept_shard(s, 0) FROM generate_series(0, 7) s;
+-- The leased client (the kind "client") leases from this server: new, it
+-- has no earlier leases to wait out.
+SELECT pgticket.end_lease_hold_off();
 -- The Instagram-style recipe copied from gists: the same ID twice whenever
 -- one shard makes more than 1 024 IDs in a millisecond.
 CREATE SEQUENCE gist_seq;
@@ -62,10 +67,11 @@ CREATE TABLE k_sharded   (id bigint DEFAULT sharded_id(3) PRIMARY KEY, created_a
 CREATE TABLE k_uuidv4    (id uuid DEFAULT gen_random_uuid() PRIMARY KEY, created_at timestamptz NOT NULL DEFAULT now(), payload text);
 CREATE TABLE k_uuidv7    (id uuid DEFAULT uuidv7() PRIMARY KEY, created_at timestamptz NOT NULL DEFAULT now(), payload text);
 CREATE TABLE k_plpgsql   (id bigint DEFAULT gist_snowflake() NOT NULL, created_at timestamptz NOT NULL DEFAULT now(), payload text);
+CREATE TABLE k_client    (id bigint PRIMARY KEY, created_at timestamptz NOT NULL DEFAULT now(), payload text);
 CREATE INDEX k_plpgsql_id ON k_plpgsql (id);
 SQL
 
-kinds=(identity snowflake ticket sharded uuidv4 uuidv7 plpgsql)
+kinds=(identity snowflake ticket sharded client uuidv4 uuidv7 plpgsql)
 per_txn=10
 quarter_txns=$(( rows / 4 / per_txn / clients ))
 for k in "${kinds[@]}"; do
@@ -73,13 +79,24 @@ for k in "${kinds[@]}"; do
 done
 
 declare -A q1 q4 wal
+# Each quarter's rate against the table's size at its end: the chart.
+curve="$out/inserts/curve.csv"
+echo "kind,quarter,table_mb,rows_per_s" >"$curve"
 for q in 1 2 3 4; do
     for k in "${kinds[@]}"; do
         psql -c CHECKPOINT
         lsn0=$(psql -At -c "SELECT pg_current_wal_insert_lsn()")
         start=$(date +%s.%N)
-        "$bindir/pgbench" -n -M prepared -c "$clients" -j "$clients" -t "$quarter_txns" -f "$out/inserts/$k.sql" >"$out/inserts/$k.$q.log" 2>&1 \
-            || { echo "pgbench $k quarter $q failed:" >&2; tail -5 "$out/inserts/$k.$q.log" >&2; exit 1; }
+        if [ "$k" = client ]; then
+            # IDs made by the leased client (ticket-client, one generator for
+            # its threads) and sent as parameters, 10 rows a transaction.
+            "$root/target/release/examples/insert_leased" "host=$dir port=$port user=postgres dbname=postgres" \
+                $(( quarter_txns * clients * per_txn )) "$clients" >"$out/inserts/$k.$q.log" 2>&1 \
+                || { echo "insert_leased quarter $q failed:" >&2; tail -5 "$out/inserts/$k.$q.log" >&2; exit 1; }
+        else
+            "$bindir/pgbench" -n -M prepared -c "$clients" -j "$clients" -t "$quarter_txns" -f "$out/inserts/$k.sql" >"$out/inserts/$k.$q.log" 2>&1 \
+                || { echo "pgbench $k quarter $q failed:" >&2; tail -5 "$out/inserts/$k.$q.log" >&2; exit 1; }
+        fi
         end=$(date +%s.%N)
         lsn1=$(psql -At -c "SELECT pg_current_wal_insert_lsn()")
         n=$(( quarter_txns * clients * per_txn ))
@@ -89,6 +106,7 @@ for q in 1 2 3 4; do
         [ "$q" = 1 ] && q1[$k]=$rate
         [ "$q" = 4 ] && q4[$k]=$rate
         echo "  quarter $q $k: $rate rows/s, $bytes WAL bytes" >&2
+        echo "$k,$q,$(psql -At -c "SELECT round(pg_total_relation_size('k_$k') / 1048576.0, 1)"),$rate" >>"$curve"
     done
 done
 
@@ -105,4 +123,8 @@ done
     done
     echo
     echo "Anchors of the same run: identity for rate and size, UUIDv4 for the last quarter's cliff."
+    echo
+    echo "Rows/s over table size: $out/inserts/rows-per-second-$clients.svg (each quarter's rate at the table's size at its end; data in $curve)."
 } | tee "$report"
+python3 "$root/scripts/bench-chart.py" "$curve" "$out/inserts/rows-per-second-$clients.svg" \
+    "Inserts by key kind, $clients clients, PostgreSQL $version ($rows rows, shared_buffers 32 MB)"
