@@ -155,7 +155,7 @@ fn announce(client: &mut pgrx::spi::SpiClient<'_>, how: Announce<'_>) -> Result<
     let me = me();
     let mine = nodes(client)?.into_iter().find(|n| n.id == me.id);
     if let Some(mine) = &mine {
-        if mine.name != me.name && how != Announce::Renamed(&mine.name) {
+        if settings::node_name().is_some() && mine.name != me.name && how != Announce::Renamed(&mine.name) {
             refused("this server", Refusal::CopyOf { name: mine.name.clone() }).raise();
         }
     }
@@ -233,7 +233,7 @@ fn view(table: state_tables::Table, with_subscriptions: bool) -> View {
         Spi::connect(|client| {
             let (mine, others): (Vec<Node>, Vec<Node>) = nodes(client)?.into_iter().partition(|n| n.id == me);
             let subscriptions = if with_subscriptions { subscriptions(client)? } else { 0 };
-            Ok::<_, pgrx::spi::Error>(View { mine: mine.into_iter().next(), others, subscriptions, clash: clash() })
+            Ok::<_, pgrx::spi::Error>(View { mine: mine.into_iter().next(), others, subscriptions, clash: clash(), named: settings::node_name().is_some() })
         })
     })
     .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot read pgticket.nodes: {e}"))

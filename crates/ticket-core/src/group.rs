@@ -40,6 +40,11 @@ pub struct View {
     /// The name of another server seen with this node's identity (a copy
     /// of it made from a base backup), if one was.
     pub clash: Option<String>,
+    /// This node's name is set (`pg_ticket.node_name`), not taken from
+    /// `cluster_name` or the system identifier, which differ between a
+    /// primary and the standby promoted in its place (helper-10): only a
+    /// set name tells a copy from the node itself.
+    pub named: bool,
 }
 
 /// What asks the group's leave.
@@ -87,7 +92,7 @@ impl View {
             return Err(Refusal::IdentityClash { other: other.clone() });
         }
         match &self.mine {
-            Some(mine) if mine.name != me.name => Err(Refusal::CopyOf { name: mine.name.clone() }),
+            Some(mine) if self.named && mine.name != me.name => Err(Refusal::CopyOf { name: mine.name.clone() }),
             _ => Ok(()),
         }
     }
@@ -206,13 +211,13 @@ mod tests {
     fn every_node_announces_itself_as_it_is_set_and_hears_of_every_publisher() {
         let me = node(1, 1, 1, true);
         let other = node(2, 2, 2, false);
-        let view = View { mine: None, others: vec![other.clone()], subscriptions: 1, clash: None };
+        let view = View { mine: None, others: vec![other.clone()], subscriptions: 1, clash: None, named: true };
         assert_eq!(view.check(&me, Use::Tickets), Err(Refusal::NotAnnounced));
         let stale = View { mine: Some(Node { ticket_offset: 2, ..me.clone() }), ..view.clone() };
         assert_eq!(stale.check(&me, Use::Tickets), Err(Refusal::NotAnnounced), "a row of other settings");
-        let unheard = View { mine: Some(me.clone()), others: vec![], subscriptions: 1, clash: None };
+        let unheard = View { mine: Some(me.clone()), others: vec![], subscriptions: 1, clash: None, named: true };
         assert_eq!(unheard.check(&me, Use::Snowflakes), Err(Refusal::OthersNotAnnounced { subscriptions: 1, known: 0 }));
-        let whole = View { mine: Some(me.clone()), others: vec![other], subscriptions: 1, clash: None };
+        let whole = View { mine: Some(me.clone()), others: vec![other], subscriptions: 1, clash: None, named: true };
         for what in [Use::Tickets, Use::Snowflakes, Use::NewScope] {
             assert_eq!(whole.check(&me, what), Ok(()), "{what:?}");
         }
@@ -222,14 +227,14 @@ mod tests {
     fn two_nodes_of_one_name_are_refused() {
         let me = node(1, 1, 1, true);
         let twin = Node { name: me.name.clone(), ..node(2, 2, 2, false) };
-        let view = View { mine: Some(me.clone()), others: vec![twin], subscriptions: 1, clash: None };
+        let view = View { mine: Some(me.clone()), others: vec![twin], subscriptions: 1, clash: None, named: true };
         assert!(matches!(view.check(&me, Use::Tickets), Err(Refusal::Conflict { why, .. }) if why.contains("name")));
     }
 
     #[test]
     fn a_copy_of_this_node_in_the_group_stops_everything() {
         let me = node(1, 1, 1, true);
-        let clash = View { mine: Some(me.clone()), others: vec![node(2, 2, 2, false)], subscriptions: 1, clash: Some("b".into()) };
+        let clash = View { mine: Some(me.clone()), others: vec![node(2, 2, 2, false)], subscriptions: 1, clash: Some("b".into()), named: true };
         for what in [Use::Tickets, Use::Snowflakes, Use::NewScope] {
             assert_eq!(clash.check(&me, what), Err(Refusal::IdentityClash { other: "b".into() }), "{what:?}");
         }
@@ -239,17 +244,23 @@ mod tests {
     fn a_row_of_another_name_under_this_identity_is_a_copy_until_a_rename_says_otherwise() {
         let me = node(1, 1, 1, false);
         let original = Node { name: "a".into(), ..me.clone() };
-        let copy = View { mine: Some(original.clone()), others: vec![node(2, 2, 2, true)], subscriptions: 1, clash: None };
+        let copy = View { mine: Some(original.clone()), others: vec![node(2, 2, 2, true)], subscriptions: 1, clash: None, named: true };
         for what in [Use::Tickets, Use::Snowflakes, Use::NewScope] {
             assert_eq!(copy.check(&me, what), Err(Refusal::CopyOf { name: "a".into() }), "{what:?}");
         }
         assert_eq!(copy.identity(&me), Err(Refusal::CopyOf { name: "a".into() }));
+        // A name not set (cluster_name's, the identifier's) differs between
+        // a primary and its promoted standby: not taken for a copy, only
+        // for a node not announced as it is now.
+        let unnamed = View { named: false, ..copy.clone() };
+        assert_eq!(unnamed.identity(&me), Ok(()));
+        assert_eq!(unnamed.check(&me, Use::Tickets), Err(Refusal::NotAnnounced));
         // Other settings under this node's own name: not announced yet.
         let stale = View { mine: Some(Node { ticket_offset: 3, ..me.clone() }), ..copy.clone() };
         assert_eq!(stale.identity(&me), Ok(()));
         assert_eq!(stale.check(&me, Use::Tickets), Err(Refusal::NotAnnounced));
         // A copy that subscribes to nothing and knows no other node too.
-        let alone = View { mine: Some(original), others: vec![], subscriptions: 0, clash: None };
+        let alone = View { mine: Some(original), others: vec![], subscriptions: 0, clash: None, named: true };
         for what in [Use::Tickets, Use::Snowflakes, Use::NewScope] {
             assert_eq!(alone.check(&me, what), Err(Refusal::CopyOf { name: "a".into() }), "{what:?}");
         }
@@ -258,7 +269,7 @@ mod tests {
     #[test]
     fn each_allocators_conflict_is_refused_naming_the_other_node() {
         let me = node(1, 1, 1, true);
-        let view = |other: Node| View { mine: Some(me.clone()), others: vec![other], subscriptions: 1, clash: None };
+        let view = |other: Node| View { mine: Some(me.clone()), others: vec![other], subscriptions: 1, clash: None, named: true };
         let refused = |v: View, what| matches!(v.check(&me, what), Err(Refusal::Conflict { node, .. }) if node == "n2");
         assert!(refused(view(node(2, 1, 2, false)), Use::Tickets), "the same offset");
         assert!(refused(view(Node { ticket_increment: 3, ..node(2, 2, 2, false) }), Use::Tickets), "another increment");
@@ -271,14 +282,14 @@ mod tests {
         assert_eq!(view(node(2, 1, 2, false)).check(&me, Use::Snowflakes), Ok(()));
         // Leased machine ids are the registry's to keep apart.
         let leased = Node { machine_id: None, ..me.clone() };
-        let v = View { mine: Some(leased.clone()), others: vec![Node { machine_id: None, ..node(2, 2, 2, false) }], subscriptions: 1, clash: None };
+        let v = View { mine: Some(leased.clone()), others: vec![Node { machine_id: None, ..node(2, 2, 2, false) }], subscriptions: 1, clash: None, named: true };
         assert_eq!(v.check(&leased, Use::Snowflakes), Ok(()));
         // A fixed id beside a leasing node is refused on both (the registry
         // may lease that very id), tickets untouched.
-        let mixed = View { mine: Some(me.clone()), others: vec![Node { machine_id: None, ..node(2, 2, 2, false) }], subscriptions: 1, clash: None };
+        let mixed = View { mine: Some(me.clone()), others: vec![Node { machine_id: None, ..node(2, 2, 2, false) }], subscriptions: 1, clash: None, named: true };
         assert!(refused(mixed.clone(), Use::Snowflakes), "fixed beside leased");
         assert_eq!(mixed.check(&me, Use::Tickets), Ok(()));
-        let v = View { mine: Some(leased.clone()), others: vec![node(2, 2, 2, false)], subscriptions: 1, clash: None };
+        let v = View { mine: Some(leased.clone()), others: vec![node(2, 2, 2, false)], subscriptions: 1, clash: None, named: true };
         assert!(v.check(&leased, Use::Snowflakes).is_err(), "leased beside fixed");
     }
 }
