@@ -40,7 +40,7 @@ def main(path, out, title):
     for i in range(6):
         x = xmax * i / 5
         parts.append(f'<text x="{px(x):.1f}" y="{top + plot_h + 18}" text-anchor="middle">{x:.0f}</text>')
-    parts.append(f'<text x="{left + plot_w / 2}" y="{height - 8}" text-anchor="middle">table size at the end of each quarter (MB, heap and index)</text>')
+    parts.append(f'<text x="{left + plot_w / 2}" y="{height - 8}" text-anchor="middle">table size in the middle of each quarter (MB, heap and index)</text>')
     parts.append(f'<text x="16" y="{top + plot_h / 2}" transform="rotate(-90 16 {top + plot_h / 2})" text-anchor="middle">rows/s in the quarter</text>')
     parts.append(f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#888"/>')
     for n, (kind, points) in enumerate(series.items()):

@@ -29,7 +29,7 @@ clients=${BENCH_CLIENTS:-8}
 bindir=$("${PG_CONFIG:?PG_CONFIG: the pg_config of PostgreSQL 18}" --bindir)
 out="$root/target/bench"
 mkdir -p "$out/inserts"
-report="$out/inserts.md"
+report="$out/inserts-$clients.md"
 
 "$root/scripts/cluster.sh" start "$dir" "$port" "shared_buffers = '32MB'" "max_wal_size = '4GB'" "checkpoint_timeout = '1h'" "autovacuum = off" "pg_ticket.shards = '0-7'" \
     "max_connections = 100" "pg_ticket.lease_ids = '1-1023'"
@@ -39,6 +39,7 @@ psql() { "$bindir/psql" -X -q -v ON_ERROR_STOP=1 "$@"; }
 
 version=$(psql -At -c "SHOW server_version_num")
 [ "$version" -ge 180000 ] || { echo "bench-inserts: PostgreSQL 18 is needed (uuidv7); this is $version" >&2; exit 1; }
+version=$(psql -At -c "SHOW server_version")
 
 psql <<'SQL'
 CREATE EXTENSION pg_ticket;
@@ -79,11 +80,16 @@ for k in "${kinds[@]}"; do
 done
 
 declare -A q1 q4 wal
-# Each quarter's rate against the table's size at its end: the chart.
-curve="$out/inserts/curve.csv"
+# Each quarter's rate against the table's size at its middle: the chart.
+curve="$out/inserts/curve-$clients.csv"
 echo "kind,quarter,table_mb,rows_per_s" >"$curve"
+table_mb() { psql -At -c "SELECT round(pg_total_relation_size('k_$1') / 1048576.0, 1)"; }
 for q in 1 2 3 4; do
-    for k in "${kinds[@]}"; do
+    # Each quarter in another order, so no kind always runs first (the
+    # first run also meets fresh WAL segments) or last (helper-13).
+    order=("${kinds[@]:$(( (q - 1) * 2 % ${#kinds[@]} ))}" "${kinds[@]:0:$(( (q - 1) * 2 % ${#kinds[@]} ))}")
+    for k in "${order[@]}"; do
+        mb0=$(table_mb "$k")
         psql -c CHECKPOINT
         lsn0=$(psql -At -c "SELECT pg_current_wal_insert_lsn()")
         start=$(date +%s.%N)
@@ -101,30 +107,37 @@ for q in 1 2 3 4; do
         lsn1=$(psql -At -c "SELECT pg_current_wal_insert_lsn()")
         n=$(( quarter_txns * clients * per_txn ))
         rate=$(awk -v n="$n" -v a="$start" -v b="$end" 'BEGIN { printf "%.0f", n / (b - a) }')
+        if [ "$k" = client ]; then
+            # Its own clock: the inserts, not the process's start and lease.
+            secs=$(sed -n 's/^[0-9]* rows in \([0-9.]*\) s$/\1/p' "$out/inserts/$k.$q.log")
+            rate=$(awk -v n="$n" -v s="$secs" 'BEGIN { printf "%.0f", n / s }')
+        fi
         bytes=$(psql -At -c "SELECT pg_wal_lsn_diff('$lsn1', '$lsn0')")
         wal[$k]=$(awk -v w="${wal[$k]:-0}" -v b="$bytes" 'BEGIN { printf "%.0f", w + b }')
         [ "$q" = 1 ] && q1[$k]=$rate
         [ "$q" = 4 ] && q4[$k]=$rate
         echo "  quarter $q $k: $rate rows/s, $bytes WAL bytes" >&2
-        echo "$k,$q,$(psql -At -c "SELECT round(pg_total_relation_size('k_$k') / 1048576.0, 1)"),$rate" >>"$curve"
+        mb1=$(table_mb "$k")
+        echo "$k,$q,$(awk -v a="$mb0" -v b="$mb1" 'BEGIN { printf "%.1f", (a + b) / 2 }'),$rate" >>"$curve"
     done
 done
 
 {
     echo "### Inserts with each kind of key (\`make bench-inserts\`, PostgreSQL $version, $clients clients, $rows rows per kind, shared_buffers 32 MB)"
     echo
-    echo "| key | rows/s, first quarter | rows/s, last quarter | heap | index | WAL bytes per row | IDs twice |"
+    echo "| key | rows/s, first quarter | rows/s, last quarter | heap | index (bytes, vs identity) | WAL bytes per row | IDs twice |"
     echo "|---|---|---|---|---|---|---|"
+    identity_index=$(psql -At -c "SELECT pg_indexes_size('k_identity')")
     for k in "${kinds[@]}"; do
-        read -r heap index twice < <(psql -At -F ' ' -c "SELECT pg_size_pretty(pg_relation_size('k_$k')), pg_size_pretty(pg_indexes_size('k_$k')),
-            (SELECT count(*) - count(DISTINCT id) FROM k_$k)" | tr -s ' ' | sed 's/ \([kMG]B\)/\1/g')
-        per_row=$(awk -v w="${wal[$k]}" -v n="$rows" 'BEGIN { printf "%.0f", w / n }')
-        echo "| $k | ${q1[$k]} | ${q4[$k]} | $heap | $index | $per_row | $twice |"
+        sizes=$(psql -At -F ' ' -c "SELECT pg_size_pretty(pg_relation_size('k_$k')), pg_indexes_size('k_$k'), count(*), count(*) - count(DISTINCT id) FROM k_$k")
+        read -r heap index count twice <<<"$(echo "$sizes" | sed 's/ \([kMG]B\)/\1/')"
+        per_row=$(awk -v w="${wal[$k]}" -v n="$count" 'BEGIN { printf "%.0f", w / n }')
+        echo "| $k | ${q1[$k]} | ${q4[$k]} | $heap | $index, $(awk -v a="$index" -v b="$identity_index" 'BEGIN { printf "%.3f", a / b }')× | $per_row | $twice |"
     done
     echo
     echo "Anchors of the same run: identity for rate and size, UUIDv4 for the last quarter's cliff."
     echo
-    echo "Rows/s over table size: $out/inserts/rows-per-second-$clients.svg (each quarter's rate at the table's size at its end; data in $curve)."
+    echo "Rows/s over table size: $out/inserts/rows-per-second-$clients.svg (each quarter's rate at the table's size in its middle; data in $curve)."
 } | tee "$report"
 python3 "$root/scripts/bench-chart.py" "$curve" "$out/inserts/rows-per-second-$clients.svg" \
     "Inserts by key kind, $clients clients, PostgreSQL $version ($rows rows, shared_buffers 32 MB)"
