@@ -363,7 +363,8 @@ impl PublicKey {
 
     /// The ID of `form`; ValueError for a mistyped form or another key's.
     fn decode(&self, form: &str) -> PyResult<i64> {
-        self.key.decode(form).map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("invalid public ID {form:?}: {e}")))
+        let shown: String = form.chars().take(40).collect();
+        self.key.decode(form).map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("invalid public ID {shown:?}: {e}")))
     }
 }
 
