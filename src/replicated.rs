@@ -35,8 +35,10 @@
 //!   but a row naming this node (only this node writes its own).
 //!
 //! A series' home (SPEC §19.3) moves only by a later handover: an UPDATE
-//! with no more `home_moves` than the row here keeps the home here (a
-//! former home's write arriving after the handover does not take it back).
+//! with fewer `home_moves` than the row here keeps the home here (a former
+//! home's write arriving after the handover does not take it back), and
+//! two take-overs of one count settle on the higher node id everywhere
+//! (`ticket_core::group::keeps_home_here`).
 //!
 //! Touches: the row in hand, and for a replicated ticket scope its row in
 //! `pgticket.tickets` (one upsert, as the table's owner); merging a
@@ -158,7 +160,10 @@ fn by_replication<'a>(trigger: &'a pgrx::PgTrigger<'a>) -> Result<Option<PgHeapT
     let Some(new_max) = int(new, c"max_mark") else { return Ok(trigger.new()) };
     let (old_home, old_moves) = (attr(old, c"home"), attr(old, c"home_moves"));
     let moves = |home_moves: Option<pg_sys::Datum>| home_moves.map_or(0, |d| d.value() as i64);
-    let keep_old_home = old_home.is_some() && moves(attr(new, c"home_moves")) <= moves(old_moves);
+    let keep_old_home = ticket_core::group::keeps_home_here(
+        old_home.map(|h| (h.value() as i64, moves(old_moves))),
+        (attr(new, c"home").map(|h| h.value() as i64), moves(attr(new, c"home_moves"))),
+    );
     if mark == new_mark && !keep_old_home {
         return Ok(trigger.new());
     }

@@ -179,6 +179,23 @@ impl View {
     }
 }
 
+/// A replicated row's home against the one this node's row has (SPEC
+/// §19.3), each `(home, home_moves)`: true to keep this node's. A home moves
+/// only by a later handover (more moves; a former home's write arriving
+/// late has fewer). Two take-overs of one count, made on two nodes at once
+/// (each with `above`, neither seeing the other), settle on the higher node
+/// id on every node: the group ends with one home (review of #47: two
+/// homes kept serving).
+pub fn keeps_home_here(here: Option<(i64, i64)>, incoming: (Option<i64>, i64)) -> bool {
+    let Some((home, moves)) = here else { return false };
+    let (incoming_home, incoming_moves) = incoming;
+    match incoming_moves.cmp(&moves) {
+        std::cmp::Ordering::Less => true,
+        std::cmp::Ordering::Greater => false,
+        std::cmp::Ordering::Equal => incoming_home.is_none_or(|other| other <= home),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -264,6 +281,18 @@ mod tests {
         for what in [Use::Tickets, Use::Snowflakes, Use::NewScope] {
             assert_eq!(alone.check(&me, what), Err(Refusal::CopyOf { name: "a".into() }), "{what:?}");
         }
+    }
+
+    #[test]
+    fn a_home_moves_by_a_later_handover_and_two_take_overs_settle_on_one() {
+        assert!(!keeps_home_here(None, (Some(2), 0)), "no home here: the incoming one");
+        assert!(keeps_home_here(Some((1, 2)), (Some(2), 1)), "a former home's late write");
+        assert!(!keeps_home_here(Some((1, 1)), (Some(2), 2)), "a later handover");
+        assert!(keeps_home_here(Some((1, 1)), (Some(1), 1)), "the home's own write-back");
+        // Two take-overs at once: both nodes keep the higher id's.
+        let (a, b) = (-5_i64, 7_i64);
+        assert!(!keeps_home_here(Some((a, 3)), (Some(b), 3)), "a yields to b");
+        assert!(keeps_home_here(Some((b, 3)), (Some(a), 3)), "b keeps its own");
     }
 
     #[test]

@@ -404,6 +404,36 @@ fn a_gap_free_scope_has_one_home_in_a_group_and_moves_by_a_handover() {
     std::thread::sleep(Duration::from_secs(1));
     on_b.query_one("SELECT snowflake_id()", &[]).expect("still a node of a pair");
     on_b.batch_execute("DROP SUBSCRIPTION b_side").unwrap();
+    // Two take-overs of one scope at once (each node cut off from the
+    // other): when they meet, both settle on one home, the higher node id's
+    // (review of #47: each kept its own, two homes serving).
+    next(&mut on_a, "dual").unwrap();
+    wait_until("the scope reaches b", Duration::from_secs(30), || {
+        on_b.query_one("SELECT count(*) FROM pgticket.scoped_counters WHERE queue = 'dual'", &[]).unwrap().get::<_, i64>(0) == 1
+    });
+    on_a.batch_execute("ALTER SUBSCRIPTION from_b DISABLE").unwrap();
+    on_b.batch_execute("ALTER SUBSCRIPTION from_a DISABLE").unwrap();
+    on_a.query_one("SELECT pgticket.move_home('scope', 'dual', 'x', to_node => 'a')", &[]).unwrap();
+    on_b.query_one("SELECT pgticket.move_home('scope', 'dual', 'x', above => 100)", &[]).unwrap();
+    on_a.batch_execute("ALTER SUBSCRIPTION from_b ENABLE").unwrap();
+    on_b.batch_execute("ALTER SUBSCRIPTION from_a ENABLE").unwrap();
+    let home = |db: &mut Client| -> String {
+        db.query_one("SELECT n.name FROM pgticket.scoped_counters s JOIN pgticket.nodes n ON n.node = s.home WHERE queue = 'dual'", &[])
+            .unwrap()
+            .get(0)
+    };
+    let winner = {
+        let ids: (i64, i64) = {
+            let r = on_a.query_one("SELECT (SELECT node FROM pgticket.nodes WHERE name = 'a'), (SELECT node FROM pgticket.nodes WHERE name = 'b')", &[]).unwrap();
+            (r.get(0), r.get(1))
+        };
+        if ids.0 > ids.1 { "a" } else { "b" }
+    };
+    wait_until("both nodes settle on one home", Duration::from_secs(60), || home(&mut on_a) == winner && home(&mut on_b) == winner);
+    let (serving, refusing) = if winner == "a" { (&mut on_a, &mut on_b) } else { (&mut on_b, &mut on_a) };
+    next(serving, "dual").expect("the home serves");
+    let (_, message, _) = refusal(next(refusing, "dual"));
+    assert!(message.contains(&format!("home on node \"{winner}\"")), "{message}");
     // Public-ID keys are the group's: made on the node that creates, read
     // on every node; a retirement replicated in reaches a session that used
     // the key (helper-12: the apply fires no statement trigger).
