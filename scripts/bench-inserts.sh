@@ -7,7 +7,8 @@
 # (id PK, created_at timestamptz, payload text ~100 bytes), filled by
 # pgbench at BENCH_CLIENTS clients (default 8) in four quarters; every
 # quarter runs every kind in turn, so the machine's noise hits all of them.
-# shared_buffers is small (32 MB) so each table ends at several times it;
+# shared_buffers is small (BENCH_SHARED_BUFFERS, 8 MB) so each table, and
+# UUIDv4's index (37 MB at a million rows), ends at several times it;
 # a CHECKPOINT before each run and none timed during one, so every run
 # pays the full-page writes of the pages it touches first, alike; no
 # autovacuum (its WAL would land in whichever kind runs next).
@@ -31,7 +32,8 @@ out="$root/target/bench"
 mkdir -p "$out/inserts"
 report="$out/inserts-$clients.md"
 
-"$root/scripts/cluster.sh" start "$dir" "$port" "shared_buffers = '32MB'" "max_wal_size = '4GB'" "checkpoint_timeout = '1h'" "autovacuum = off" "pg_ticket.shards = '0-7'" \
+shared_buffers=${BENCH_SHARED_BUFFERS:-8MB}
+"$root/scripts/cluster.sh" start "$dir" "$port" "shared_buffers = '$shared_buffers'" "max_wal_size = '4GB'" "checkpoint_timeout = '1h'" "autovacuum = off" "pg_ticket.shards = '0-7'" \
     "max_connections = 100" "pg_ticket.lease_ids = '1-1023'"
 trap '"$root/scripts/cluster.sh" stop "$dir"' EXIT
 export PGHOST=$dir PGPORT=$port PGUSER=postgres PGDATABASE=postgres
@@ -123,7 +125,7 @@ for q in 1 2 3 4; do
 done
 
 {
-    echo "### Inserts with each kind of key (\`make bench-inserts\`, PostgreSQL $version, $clients clients, $rows rows per kind, shared_buffers 32 MB)"
+    echo "### Inserts with each kind of key (\`make bench-inserts\`, PostgreSQL $version, $clients clients, $rows rows per kind, shared_buffers $shared_buffers)"
     echo
     echo "| key | rows/s, first quarter | rows/s, last quarter | heap | index (bytes, vs identity) | WAL bytes per row | IDs twice |"
     echo "|---|---|---|---|---|---|---|"
@@ -140,4 +142,4 @@ done
     echo "Rows/s over table size: $out/inserts/rows-per-second-$clients.svg (each quarter's rate at the table's size in its middle; data in $curve)."
 } | tee "$report"
 python3 "$root/scripts/bench-chart.py" "$curve" "$out/inserts/rows-per-second-$clients.svg" \
-    "Inserts by key kind, $clients clients, PostgreSQL $version ($rows rows, shared_buffers 32 MB)"
+    "Inserts by key kind, $clients clients, PostgreSQL $version ($rows rows, shared_buffers $shared_buffers)"
