@@ -164,7 +164,7 @@ fn announce(client: &mut pgrx::spi::SpiClient<'_>, how: Announce<'_>) -> Result<
     }
     // Deleted and inserted, not updated: an UPDATE of a row a subscriber
     // lacks (a node added without the initial copy) is skipped there.
-    client.update("DELETE FROM pgticket.nodes WHERE node OPERATOR(pg_catalog.=) $1", None, &[me.id.into()])?;
+    delete_node(client, me.id)?;
     client.update(
         &format!(
             "INSERT INTO pgticket.nodes ({NODE_COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
@@ -191,10 +191,12 @@ fn announce(client: &mut pgrx::spi::SpiClient<'_>, how: Announce<'_>) -> Result<
 /// the row here, if any, makes way for it.
 pub fn forget_node(node: i64) {
     let Some(table) = nodes_table() else { return };
-    state_tables::as_owner_of(table, || {
-        Spi::connect_mut(|client| client.update("DELETE FROM pgticket.nodes WHERE node OPERATOR(pg_catalog.=) $1", None, &[node.into()]).map(|_| ()))
-    })
-    .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot merge a replicated row of pgticket.nodes: {e}"));
+    state_tables::as_owner_of(table, || Spi::connect_mut(|client| delete_node(client, node)))
+        .unwrap_or_else(|e| pgrx::error!("pg_ticket: cannot merge a replicated row of pgticket.nodes: {e}"));
+}
+
+fn delete_node(client: &mut pgrx::spi::SpiClient<'_>, node: i64) -> Result<(), pgrx::spi::Error> {
+    client.update("DELETE FROM pgticket.nodes WHERE node OPERATOR(pg_catalog.=) $1", None, &[node.into()]).map(|_| ())
 }
 
 fn nodes_table() -> Option<state_tables::Table> {
